@@ -1,0 +1,9 @@
+# %% [markdown]
+# # The caching allocator and fragmentation
+#
+# This chapter is being written.
+
+# %%
+import experiments as ex
+
+ex.status()

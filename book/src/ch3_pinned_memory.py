@@ -1,0 +1,9 @@
+# %% [markdown]
+# # Pinned memory
+#
+# This chapter is being written.
+
+# %%
+import experiments as ex
+
+ex.status()

@@ -1,0 +1,59 @@
+"""Entry point of the fresh process started by :func:`experiments.runner.run_fresh`.
+
+Usage: ``python -m experiments._child REQUEST.json RESPONSE.json``. Writes
+``{"ok": true, "value": ...}`` or ``{"ok": false, "error_kind": ..., "message": ...}``.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+import traceback
+
+
+def _classify(exc: BaseException) -> str:
+    import torch
+
+    if isinstance(exc, torch.OutOfMemoryError):
+        return "oom"
+    text = str(exc)
+    if isinstance(exc, RuntimeError) and ("CachingAllocator option" in text or "PYTORCH_CUDA_ALLOC_CONF" in text
+                                          or "Unrecognized key" in text or "AllocatorConfig" in text):
+        return "config"
+    return "error"
+
+
+def main(argv: list[str]) -> int:
+    req_path, resp_path = argv[1], argv[2]
+    req = json.loads(open(req_path).read())
+    try:
+        import torch
+
+        from .store import to_jsonable
+
+        if req.get("memory_fraction") is not None or req.get("memory_cap_mib") is not None:
+            if not torch.cuda.is_available():
+                raise RuntimeError("a memory cap needs a CUDA GPU")
+            fraction = req.get("memory_fraction")
+            if fraction is None:
+                total = torch.cuda.get_device_properties(0).total_memory
+                fraction = min(1.0, req["memory_cap_mib"] * 2**20 / total)
+            torch.cuda.set_per_process_memory_fraction(fraction)
+        module_name, _, func_name = req["target"].partition(":")
+        func = getattr(importlib.import_module(module_name), func_name)
+        value = to_jsonable(func(**req["kwargs"]))
+        out = {"ok": True, "value": value}
+    except BaseException as exc:  # report every failure as data; the parent decides
+        out = {"ok": False, "error_kind": _classify(exc), "message": f"{type(exc).__name__}: {exc}",
+               "traceback": traceback.format_exc()}
+        sys.stderr.write(out["traceback"])
+    tmp = resp_path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(out, f)
+    os.replace(tmp, resp_path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

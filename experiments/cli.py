@@ -1,0 +1,96 @@
+"""Command line: ``python -m experiments {record,list,claims}``.
+
+record   run experiments on this GPU and write their recorded results
+list     experiments, their chapters, and the GPUs with recorded results
+claims   evaluate the posts' claims (live on a GPU, or --recorded) as text or --json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from . import claims as claims_mod
+from . import registry, store
+
+
+def _select(chapter: int | None, experiment_ids: list[str] | None) -> list[registry.Experiment]:
+    if experiment_ids:
+        return [registry.get(e) for e in experiment_ids]
+    exps = registry.all_experiments(chapter)
+    if not exps:
+        raise SystemExit(f"no experiments in chapter {chapter}")
+    return exps
+
+
+def cmd_record(args: argparse.Namespace) -> int:
+    exps = _select(args.chapter, args.experiment)
+    paths, failures = registry.record(exps, root=Path(args.out) if args.out else None, progress=not args.quiet)
+    for p in paths:
+        print(f"wrote {p}")
+    for exp_id, err in failures.items():
+        print(f"FAILED {exp_id} (nothing written):\n{err}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    rows = []
+    for e in registry.all_experiments(args.chapter):
+        gpus = store.recorded_gpus(e.id)
+        rows.append((str(e.chapter), e.id, str(len(e.grid)), ", ".join(gpus) or "-", e.title))
+    header = ("ch", "experiment", "points", "recorded on", "title")
+    widths = [max(len(r[i]) for r in rows + [header]) for i in range(4)]
+    print("  ".join(h.ljust(w) for h, w in zip(header, widths)) + "  " + header[4])
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[4])
+    return 0
+
+
+def cmd_claims(args: argparse.Namespace) -> int:
+    mode = "recorded" if args.recorded else "live"
+    results = claims_mod.evaluate_all(args.chapter, mode=mode)
+    if args.json:
+        json.dump([r.to_json() for r in results], sys.stdout, indent=1)
+        print()
+    else:
+        print(claims_mod.ClaimsTable(results))
+    return 1 if args.strict and any(r.holds is not True for r in results) else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m experiments", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    rec = sub.add_parser("record", help="run experiments on this GPU and write recorded results")
+    rec.add_argument("--chapter", type=int, choices=range(0, 5), help="only this chapter (0-4)")
+    rec.add_argument("--experiment", action="append", help="only this experiment id (repeatable)")
+    rec.add_argument("--out", help="directory to write into (default: the package's recorded/)")
+    rec.add_argument("--quiet", action="store_true", help="no progress bar")
+    rec.set_defaults(func=cmd_record)
+
+    ls = sub.add_parser("list", help="experiments and the GPUs with recorded results")
+    ls.add_argument("--chapter", type=int, choices=range(0, 5))
+    ls.set_defaults(func=cmd_list)
+
+    cl = sub.add_parser("claims", help="evaluate the posts' claims")
+    cl.add_argument("--recorded", action="store_true", help="use recorded results instead of running live")
+    cl.add_argument("--json", action="store_true", help="print a JSON list of claim results")
+    cl.add_argument("--chapter", type=int, choices=range(1, 5))
+    cl.add_argument("--strict", action="store_true", help="exit 1 unless every claim holds")
+    cl.set_defaults(func=cmd_claims)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, LookupError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""A control panel for an experiment in a few lines: ``panel('alloc.anatomy', render)``.
+
+Live mode (a GPU): one control per parameter, with the allowed range, and a button that
+runs the experiment on this GPU. Recorded mode (no GPU): each control offers only the
+values recorded on the lab GPU, and changing one shows that recorded point at once.
+Works with ipywidgets 7 (Colab's) and 8.
+"""
+from __future__ import annotations
+
+import html
+from typing import Any, Callable, Sequence
+
+from . import store
+from .registry import Param, Result, get, resolve_mode, run
+
+
+def _live_control(p: Param) -> Any:
+    import ipywidgets as w
+
+    desc = f"{p.name}" + (f" ({p.unit})" if p.unit else "")
+    common = dict(description=desc, style={"description_width": "initial"}, tooltip=p.help or None)
+    if p.kind == "choice":
+        return w.Dropdown(options=list(p.choices), value=p.default, **common)
+    if p.kind == "bool":
+        return w.Checkbox(value=p.default, description=desc, indent=False)
+    lo = p.min if p.min is not None else 0
+    hi = p.max if p.max is not None else max(10 * abs(p.default), 1)
+    if p.kind == "int" and not p.log:
+        return w.IntSlider(value=p.default, min=int(lo), max=int(hi), continuous_update=False, **common)
+    if p.log and lo > 0:
+        import math
+
+        return w.FloatLogSlider(value=p.default, base=10, min=math.log10(lo), max=math.log10(hi),
+                                continuous_update=False, **common)
+    return w.FloatSlider(value=p.default, min=lo, max=hi, continuous_update=False, **common)
+
+
+def _recorded_control(p: Param, values: Sequence[Any]) -> Any:
+    import ipywidgets as w
+
+    desc = f"{p.name}" + (f" ({p.unit})" if p.unit else "")
+    value = p.default if p.default in values else values[0]
+    numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+    if numeric and len(values) > 1:
+        return w.SelectionSlider(options=list(values), value=value, description=desc,
+                                 continuous_update=False, style={"description_width": "initial"})
+    return w.Dropdown(options=list(values), value=value, description=desc,
+                      style={"description_width": "initial"})
+
+
+def panel(
+    exp_id: str,
+    render: Callable[[Result], Any],
+    *,
+    params: Sequence[str] | None = None,
+    mode: str | None = None,
+    **fixed: Any,
+) -> Any:
+    """An ipywidgets panel that runs (or looks up) ``exp_id`` and shows ``render(result)``.
+
+    Args:
+        exp_id: experiment id.
+        render: turns a :class:`Result` into something displayable (a Figure, HTML...).
+        params: names of the parameters to expose (default: all not in ``fixed``).
+        mode: 'auto', 'live' or 'recorded' (see :func:`experiments.registry.resolve_mode`).
+        **fixed: parameters held at a value, not shown.
+
+    Returns:
+        an ``ipywidgets.VBox``; its output shows the default point when it is created.
+
+    Raises:
+        ValueError: an unknown experiment or parameter name.
+    """
+    import ipywidgets as w
+    from IPython.display import HTML, display
+
+    exp = get(exp_id)
+    exp.complete(fixed)
+    names = list(params) if params is not None else [p.name for p in exp.params if p.name not in fixed]
+    known = [p.name for p in exp.params]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"{exp.id} has no parameter {unknown[0]!r}; its parameters are {known}")
+    resolved = resolve_mode(mode)
+    if resolved == "recorded":
+        recorded = store.load(exp.id, data_schema=exp.data_schema).param_values()
+        controls = {n: _recorded_control(exp.param(n), recorded.get(n, [exp.param(n).default])) for n in names}
+        note = "Recorded mode: the controls offer the points recorded on the lab GPU."
+    else:
+        controls = {n: _live_control(exp.param(n)) for n in names}
+        note = "Live mode: set the parameters, then press Run to measure on this GPU."
+    out = w.Output()
+    button = w.Button(description="Run on this GPU", button_style="primary", icon="play")
+
+    def refresh(*_: Any, cache: bool = True) -> None:
+        values = {**fixed, **{n: c.value for n, c in controls.items()}}
+        with out:
+            out.clear_output(wait=True)
+            try:
+                display(render(run(exp.id, mode=resolved, cache=cache, **values)))
+            except (ValueError, LookupError) as e:
+                display(HTML(f"<p style='color:#b5403a'>{html.escape(str(e))}</p>"))
+
+    if resolved == "recorded":
+        for c in controls.values():
+            c.observe(refresh, names="value")
+        buttons: list[Any] = []
+    else:
+        button.on_click(lambda _b: refresh(cache=False))
+        buttons = [button]
+    refresh()
+    header = w.HTML(f"<b>{html.escape(exp.title)}</b> <span style='color:#666'>{html.escape(note)}</span>")
+    return w.VBox([header, w.HBox(list(controls.values()), layout=w.Layout(flex_flow="row wrap")), *buttons, out])
