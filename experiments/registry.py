@@ -364,8 +364,11 @@ def status() -> "Any":
     try:
         from IPython.display import HTML, display
 
+        import re
+
         color = "#1b6e3a" if text.startswith("Live") else "#7a4b00"
-        display(HTML(f"<div style='border-left:4px solid {color};padding:4px 10px'>{html.escape(text)}</div>"))
+        body = re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text))
+        display(HTML(f"<div style='border-left:4px solid {color};padding:4px 10px'>{body}</div>"))
     except ImportError:
         print(text)
     return None

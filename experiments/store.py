@@ -144,6 +144,12 @@ def validate_document(doc: Any, data_schema: Mapping[str, Any] | None = None, *,
     except jsonschema.ValidationError as e:
         path = "/".join(str(p) for p in e.absolute_path) or "(top level)"
         raise RecordedFileError(f"{where}: {path}: {e.message}") from None
+    try:  # jsonschema checks "date-time" only with an optional package; check it here
+        if _dt.datetime.fromisoformat(doc["provenance"]["date"]).tzinfo is None:
+            raise ValueError("no time zone")
+    except ValueError as e:
+        raise RecordedFileError(f"{where}: provenance/date: {doc['provenance']['date']!r} is not an ISO 8601 "
+                                f"date-time with a time zone ({e})") from None
     if data_schema is not None:
         for i, point in enumerate(doc["points"]):
             try:

@@ -48,6 +48,21 @@ def _recorded_control(p: Param, values: Sequence[Any]) -> Any:
                       style={"description_width": "initial"})
 
 
+def _displayable(obj: Any) -> Any:
+    """Figures become PNG images, so they show without a configured matplotlib backend."""
+    from matplotlib.figure import Figure
+
+    if isinstance(obj, Figure):
+        import io
+
+        from IPython.display import Image
+
+        buf = io.BytesIO()
+        obj.savefig(buf, format="png", bbox_inches="tight")
+        return Image(data=buf.getvalue(), format="png")
+    return obj
+
+
 def panel(
     exp_id: str,
     render: Callable[[Result], Any],
@@ -72,7 +87,7 @@ def panel(
         ValueError: an unknown experiment or parameter name.
     """
     import ipywidgets as w
-    from IPython.display import HTML, display
+    from IPython.display import HTML
 
     exp = get(exp_id)
     exp.complete(fixed)
@@ -92,14 +107,18 @@ def panel(
     out = w.Output()
     button = w.Button(description="Run on this GPU", button_style="primary", icon="play")
 
+    def show(obj: Any) -> None:
+        # Set the outputs directly rather than `with out:`: it works the same in Colab,
+        # Jupyter and without a kernel, and the static book keeps the first render.
+        out.outputs = ()
+        out.append_display_data(_displayable(obj))
+
     def refresh(*_: Any, cache: bool = True) -> None:
         values = {**fixed, **{n: c.value for n, c in controls.items()}}
-        with out:
-            out.clear_output(wait=True)
-            try:
-                display(render(run(exp.id, mode=resolved, cache=cache, **values)))
-            except (ValueError, LookupError) as e:
-                display(HTML(f"<p style='color:#b5403a'>{html.escape(str(e))}</p>"))
+        try:
+            show(render(run(exp.id, mode=resolved, cache=cache, **values)))
+        except (ValueError, LookupError) as e:
+            show(HTML(f"<p style='color:#b5403a'>{html.escape(str(e))}</p>"))
 
     if resolved == "recorded":
         for c in controls.values():

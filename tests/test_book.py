@@ -1,0 +1,47 @@
+"""The book builds with warnings as errors, and its pages show recorded results with provenance."""
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    out = tmp_path_factory.mktemp("book")
+    jb = Path(sys.executable).parent / "jupyter-book"
+    r = subprocess.run([str(jb), "build", str(ROOT), "--path-output", str(out), "--warningiserror", "--keep-going"],
+                       capture_output=True, text=True, env={**__import__("os").environ, "CUDA_MEMLAB_MODE": "recorded"})
+    assert r.returncode == 0, r.stdout[-5000:] + r.stderr[-5000:]
+    return out / "_build" / "html"
+
+
+@pytest.mark.slow
+def test_every_page_is_built(built):
+    for page in ["intro", "measuring", "ch1_caching_allocator", "ch2_cross_stream", "ch3_pinned_memory",
+                 "ch4_hidden_syncs", "claims", "instructors"]:
+        assert (built / "book" / f"{page}.html").exists(), page
+    assert (built / "index.html").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", ["intro", "measuring", "ch1_caching_allocator", "ch2_cross_stream",
+                                  "ch3_pinned_memory", "ch4_hidden_syncs"])
+def test_pages_show_recorded_figures_with_provenance(built, page):
+    html = (built / "book" / f"{page}.html").read_text()
+    assert "Recorded mode" in html
+    assert re.search(r'<img[^>]+src="[^"]+\.png"', html), "no figure on the page"
+    assert "Traceback" not in html
+
+
+@pytest.mark.slow
+def test_colab_launch_button_points_at_the_notebook(built):
+    import yaml
+
+    url = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"]
+    repo = url.removeprefix("https://github.com/")
+    html = (built / "book" / "ch1_caching_allocator.html").read_text()
+    assert f"https://colab.research.google.com/github/{repo}/blob/main/book/ch1_caching_allocator.ipynb" in html

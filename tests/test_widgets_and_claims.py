@@ -1,0 +1,103 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+from experiments import claims, registry, store, widgets
+
+
+def test_panel_in_recorded_mode_offers_only_recorded_points(recorded_mode):
+    import ipywidgets as w
+
+    box = widgets.panel("core.three_clocks", lambda r: r["cuda_events_ms"]["median"], params=["work_ms"])
+    assert isinstance(box, w.VBox)
+    controls = box.children[1].children
+    assert len(controls) == 1
+    recorded = store.load("core.three_clocks").param_values()["work_ms"]
+    assert list(controls[0].options) == recorded
+    assert controls[0].value == 20.0
+    out = box.children[-1]
+    assert out.outputs, "the panel shows the default point when it is built"
+    assert not any(isinstance(c, w.Button) for c in box.children), "no Run button without a GPU"
+    controls[0].value = recorded[0]
+    assert "5" in str(out.outputs[-1]["data"]["text/plain"])
+
+
+def test_panel_rejects_unknown_parameters(recorded_mode):
+    with pytest.raises(ValueError, match="no parameter 'size'"):
+        widgets.panel("core.three_clocks", str, params=["size"])
+
+
+@pytest.fixture
+def toy_claims(tmp_path, monkeypatch):
+    from experiments.device import Provenance
+
+    from .test_device import PROV
+
+    @registry.experiment("test.claimed", chapter=2, title="claimed")
+    def claimed():
+        return {"peak_mib": 128.0}
+
+    @claims.claim("test.bounded", chapter=2, statement="peak stays at two buffers", experiment="test.claimed",
+                  source="https://example.invalid/post")
+    def bounded(data):
+        return data["peak_mib"] <= 128, {"peak_mib": data["peak_mib"]}
+
+    @claims.claim("test.unmeasured", chapter=2, statement="needs a recording", experiment="test.missing",
+                  source="https://example.invalid/post")
+    def unmeasured(data):
+        return True, {}
+
+    monkeypatch.setenv("CUDA_MEMLAB_RECORDED_DIR", str(tmp_path))
+    store.save("test.claimed", 2, Provenance.from_dict(PROV), [store.RecordedPoint({}, {"peak_mib": 128.0}, 0.1)],
+               root=tmp_path)
+    yield
+    registry._REGISTRY.pop("test.claimed", None)
+    claims._CLAIMS.pop("test.bounded", None)
+    claims._CLAIMS.pop("test.unmeasured", None)
+
+
+def test_claims_are_evaluated_on_recorded_data(toy_claims):
+    r = claims.evaluate(claims.get_claim("test.bounded"), mode="recorded")
+    assert r.holds is True and r.measured == {"peak_mib": 128.0}
+    assert r.provenance["gpu_name"] == "NVIDIA H200" and r.mode == "recorded"
+    assert set(r.to_json()) >= {"id", "chapter", "statement", "measured", "holds", "provenance"}
+    missing = claims.evaluate(claims.get_claim("test.unmeasured"), mode="recorded")
+    assert missing.holds is None and "test.missing" in missing.error
+    table = claims.ClaimsTable([r, missing])
+    assert "holds" in str(table) and "not measured" in str(table)
+    assert "<table>" in table._repr_html_() and "example.invalid" in table._repr_html_()
+
+
+def test_claim_ids_are_unique(toy_claims):
+    with pytest.raises(ValueError, match="registered twice"):
+        @claims.claim("test.bounded", chapter=2, statement="x", experiment="test.claimed", source="s")
+        def other(data):
+            return True, {}
+
+
+def test_cli_claims_json_has_the_documented_keys():
+    out = subprocess.run([sys.executable, "-m", "experiments", "claims", "--recorded", "--json"],
+                         capture_output=True, text=True, check=True).stdout
+    results = json.loads(out)
+    assert isinstance(results, list)
+    ids = [c.id for c in claims.all_claims()]
+    assert [r["id"] for r in results] == ids
+    for r in results:
+        assert {"id", "chapter", "statement", "measured", "holds", "provenance"} <= set(r)
+        assert r["holds"] in (True, False, None)
+
+
+def test_cli_list_and_record_without_gpu():
+    out = subprocess.run([sys.executable, "-m", "experiments", "list"], capture_output=True, text=True, check=True)
+    assert "core.sleep_clock" in out.stdout and "nvidia-h200" in out.stdout
+    from experiments.device import has_cuda
+
+    if not has_cuda():
+        rec = subprocess.run([sys.executable, "-m", "experiments", "record", "--chapter", "0"],
+                             capture_output=True, text=True)
+        assert rec.returncode == 2 and "needs a CUDA GPU" in rec.stderr
+    bad = subprocess.run([sys.executable, "-m", "experiments", "record", "--experiment", "core.nope"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "unknown experiment" in bad.stderr
