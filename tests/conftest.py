@@ -1,13 +1,14 @@
 """Shared test set-up: GPU tests skip without CUDA; plots render off-screen."""
 from __future__ import annotations
 
-import os
+import matplotlib
+import pytest
 
-os.environ.setdefault("MPLBACKEND", "Agg")
+from experiments.device import has_cuda
 
-import pytest  # noqa: E402
-
-from experiments.device import has_cuda  # noqa: E402
+# Off-screen plots in this process only: notebook kernels started by the tests must keep
+# their inline backend, so the backend is not set through the environment.
+matplotlib.use("Agg")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,9 +1,533 @@
 # %% [markdown]
-# # Cross-stream memory
+# # Cross-stream memory: the race, `record_stream`, and the event handoff
 #
-# This chapter is being written.
+# Every trick that overlaps data movement with compute works the same way. FSDP2 gathers
+# the next layer's parameters on a side stream. Activation offloading copies tensors on
+# dedicated copy streams. A data loader prefetches batches. In each case a buffer is
+# **written on one CUDA stream and read on another**. PyTorch's caching allocator
+# tracks only one stream per block of memory, so the programmer decides when such a
+# buffer can be given back. Get it wrong and the consumer reads data that a later
+# producer has already written over: no error, no warning, just wrong numbers.
+#
+# This chapter follows Wei Feng's DevLog post
+# [*Cross-stream memory management: wait_event instead of record_stream*](https://docs.pytorch.org/devlogs/eager/2026-09-29-cross-stream-memory-without-record-stream/).
+# It reproduces the bug on purpose, fixes it three ways, and measures what each fix
+# costs.
+#
+# **What you will learn**
+#
+# - why a buffer read on a second stream can be overwritten after `del`, and how to make
+#   that race reproducible enough to count;
+# - four ways to release such a buffer, and what each costs in correctness, memory and
+#   overlap;
+# - why the memory used by `record_stream` depends on how far the CPU runs ahead of the
+#   GPU, and why `torch.cuda.max_memory_allocated()` does not show it;
+# - the host stall that `record_stream` causes inside an ordinary allocation once memory
+#   is tight;
+# - how to write the event handoff, with a number of buffers in flight that you choose.
 
 # %%
 import experiments as ex
+from experiments import streams
 
 ex.status()
+
+# %% [markdown]
+# ## 1. The one rule that matters here
+#
+# The caching allocator (chapter 1) keeps freed blocks and hands them out again without
+# asking the driver. Each block remembers the stream that was current when it was
+# allocated, and a freed block goes back to **that stream's** free list only. The next
+# request of a fitting size on that stream gets it at once, even if the GPU has not yet
+# run the kernels that used it.
+#
+# On a single stream this is safe, and it is the reason the allocator is fast. Kernels on
+# one stream run in the order they were queued. Every kernel that touched the old tensor
+# was queued before the `del`, and every kernel that will touch the new one is queued
+# after it, so stream order keeps them apart. The argument says nothing about *other*
+# streams. A read of the block queued on a second stream is invisible to the allocator.
+# The header comment and `free`/`get_free_block` of
+# [`c10/cuda/CUDACachingAllocator.cpp`](https://github.com/pytorch/pytorch/blob/main/c10/cuda/CUDACachingAllocator.cpp)
+# state this rule directly.
+
+# %% [markdown]
+# ## 2. A pipeline, and four ways to let go of a buffer
+#
+# The experiments use a toy version of FSDP2's forward pass on one GPU. For each layer
+# *k* = 1, 2, …, a **producer** stream (standing in for the all-gather) allocates the
+# layer's buffer and fills it with the value *k*. A **consumer** stream (the compute
+# stream) waits for the fill, computes for a while, then reads the buffer. The host
+# drops its Python reference as soon as the work is queued:
+#
+# ```python
+# for k in range(1, layers + 1):
+#     with torch.cuda.stream(producer):
+#         gpu_sleep(producer_ms)                   # the collective takes time
+#         buf = torch.empty(n, device="cuda")      # the block belongs to `producer`
+#         buf.fill_(k)
+#     consumer.wait_event(producer.record_event()) # do not read before the fill
+#     with torch.cuda.stream(consumer):
+#         gpu_sleep(consumer_ms)                   # the layer's compute
+#         torch.sum(buf.view(-1, 1024), dim=1, out=out[k - 1])  # 1024·k per row if intact
+#         done = consumer.record_event()
+#     release(buf, done)                           # one of the four strategies
+# ```
+#
+# The "compute" is a calibrated `torch.cuda._sleep` (see *How this book measures*), so
+# the race depends on milliseconds, not on how fast a particular GPU multiplies
+# matrices. Each read writes its row sums into a preallocated output, so reading
+# allocates nothing. Row sums are exact in fp32, and a later layer always writes a
+# larger value, so a layer read the right data exactly when every row sums to
+# 1024 · *k*.
+#
+# The four strategies differ only in `release`:
+#
+# unprotected
+# : `del buf`. The block goes straight back to the producer's free list.
+#
+# stall
+# : `done.synchronize(); del buf`. The host waits until the consumer has read the
+#   buffer, then frees it. Always correct, but the host can no longer run ahead.
+#
+# `record_stream`
+# : `buf.record_stream(consumer); del buf`. This tells the allocator that the consumer
+#   stream used the block, so at `del` the allocator records an event on the consumer
+#   and parks the block until that event has completed
+#   ([docs](https://docs.pytorch.org/docs/stable/generated/torch.Tensor.record_stream.html)).
+#
+# event handoff
+# : Keep `(buf, done)` in a queue. When the queue holds more than *N* buffers ("buffers
+#   in flight"), take the oldest, enqueue `producer.wait_event(its_done)`, and only then
+#   drop it. The producer stream, the only stream whose allocations can receive the
+#   block, now waits for the consumer before it reuses it. With *N* = 1 the next
+#   all-gather gets a second block and starts at once.
+#
+# ```{exercise} Predict the blocks
+# :label: ex-streams-blocks
+#
+# Take 4 layers of 64 MiB, a producer that needs 0.5 ms per layer and a consumer that
+# needs 2 ms per layer. The host queues all four layers in well under a millisecond.
+# How many **distinct memory blocks** (different `data_ptr()` values) does each strategy
+# use in one run? The event handoff keeps *N* = 1 buffer in flight.
+#
+# Write your four numbers into the next cell *before* you run the measurement below.
+# The check reads the measurement (or runs it on your GPU).
+# ```
+#
+# ```{solution} ex-streams-blocks
+# :class: dropdown
+#
+# Unprotected: **1**. Each freed block goes back to the producer's free list, and the
+# next `torch.empty` on the producer takes it. One block serves every layer, which is
+# the bug.
+#
+# Stall: **1**. The block is freed only after the consumer is done with it, and the next
+# allocation reuses it safely.
+#
+# `record_stream`: **4**. A parked block comes back only when a *later allocation* polls
+# its event and finds it complete. All four allocations happen within a fraction of a
+# millisecond, long before the first consumer finishes, so every layer gets a new block.
+#
+# Event handoff: **2**. The kept buffer plus the one being filled. The same two blocks
+# alternate.
+# ```
+
+# %%
+my_blocks = {"unprotected": None, "stall": None, "record_stream": None, "event": None}
+streams.check_block_predictions(None)  # replace None with my_blocks once you have filled it in
+
+# %% [markdown]
+# ## 3. The race, measured
+#
+# Each strategy runs ten times, the strategies taking turns. For every run the figure
+# counts whether any layer read the wrong values. It shows three peaks of the
+# allocator's counters above the start of the run, read after the pipeline and before
+# the correctness check (whose own temporaries would otherwise dominate). It also shows
+# the GPU time, and how long the producer and consumer streams ran at the same time.
+
+# %%
+race = ex.run("streams.strategies")
+streams.plot_strategies(race)
+
+# %% [markdown]
+# The values each layer's consumer actually read tell the story better than any
+# summary:
+
+# %%
+for name in streams.STRATEGIES:
+    r = race["results"][name]
+    values = ", ".join(f"{v:.3g}" for v in r["read_mean"])
+    print(f"{name:>13}: {r['corrupted_trials']:2d}/{r['trials']} trials corrupted, "
+          f"{r['distinct_blocks']} block(s), layers read [{values}]")
+
+# %% [markdown]
+# Without protection, layer 1's consumer is still computing when the producer has
+# already filled layers 2, 3 and 4 into *the same block*, so it reads the last layer's
+# values. The post saw the same failure in 50 of 50 trials on an H100. The three fixes
+# read the right values every time, and they pay for it in different currencies:
+#
+# - the **stall** uses one block, but the producer can no longer prepare the next layer
+#   while the consumer computes: the overlap bar drops to zero and the GPU time rises
+#   toward the dashed line (no overlap at all);
+# - **`record_stream`** keeps the overlap but uses one block per layer. Look at its
+#   bars: the *active* and *reserved* peaks hold every layer's buffer, while the
+#   *allocated* peak shows just one;
+# - the **event handoff** keeps the overlap with exactly two blocks.
+#
+# The race depends on timing. Make the consumer faster and it may vanish, which is why
+# a passing test proves little. In recorded mode the controls offer the points
+# measured on the lab GPU; on your own GPU you can set any value and press *Run*.
+
+# %%
+ex.panel("streams.strategies", streams.plot_strategies, params=["consumer_ms", "layers"])
+
+# %% [markdown]
+# With no compute on the consumer, the read finishes long before the next fill
+# reaches the block, and the unprotected pipeline looks correct. At 0.5 ms the consumer
+# is exactly as slow as the producer, and the outcome can change from run to run. The
+# code is equally wrong in all three cases. Public bug reports tell the same story:
+# stream races that disappear under `CUDA_LAUNCH_BLOCKING=1`, or appear only with
+# another allocator backend (for example
+# [sgl-project/sglang#34076](https://github.com/sgl-project/sglang/pull/34076)).
+
+# %% [markdown]
+# ## 4. Watching the streams
+#
+# CUDA events recorded around every step give each layer's interval on each stream,
+# measured from one reference event. The host lane shows when the host queued each
+# layer, and the triangles mark its `del`. Boxes are coloured by the memory block
+# their buffer received, so **the same colour on both streams at the same time is the
+# race**: the producer writes a block that the consumer is still reading.
+
+# %%
+streams.plot_timeline(ex.run("streams.timeline", strategy="unprotected"))
+
+# %% [markdown]
+# Every producer box has block A's colour, and the producer fills layers 2, 3 and 4
+# into it while the consumer's first box, also block A, is still running. Compare the
+# event handoff: two colours alternate, and a producer box never starts before the
+# consumer box of the same colour has ended.
+
+# %%
+streams.plot_timeline(ex.run("streams.timeline", strategy="event"))
+
+# %% [markdown]
+# Switch between all four strategies:
+
+# %%
+ex.panel("streams.timeline", streams.plot_timeline, params=["strategy"])
+
+# %% [markdown]
+# - *stall*: the host lane grows long boxes, because the host sits in
+#   `Event.synchronize()` each layer. The producer's work now comes after the
+#   consumer's instead of beside it;
+# - *record_stream*: every layer has its own colour, with one block per layer, and
+#   the streams overlap as in the event handoff.
+
+# %% [markdown]
+# ## 5. `record_stream` ties memory to CPU run-ahead
+#
+# What does `record_stream` do inside the allocator? It adds the consumer stream to the
+# block's set of users. At `del`, the allocator records one event per user stream and
+# keeps the block out of the free list. The block counts as *active* but no longer as
+# *allocated*. Nothing frees it when the event completes. The allocator checks its
+# pending events only **at the start of a later allocation**, and releases the blocks
+# whose events have completed. So a block comes back only when both of these hold:
+#
+# 1. the GPU has passed the consumer's event, and
+# 2. the host asks for memory after that.
+#
+# A healthy training loop keeps the host ahead of the GPU, so at each allocation most
+# events are still pending and each layer gets a fresh block. How many blocks pile up
+# depends on how far the host is ahead. That distance is the **run-ahead**: GPU time
+# per layer minus host time per layer, summed over the layers.
+#
+# The experiment below runs 32 layers of 64 MiB and varies both sides. On the left,
+# the GPU work per layer grows while the host does nothing else. On the right, the GPU
+# work stays at 10 ms and the host spends a growing delay on each layer, as a slow
+# data pipeline or a logging call would.
+#
+# ```{exercise} Predict record_stream's peak
+# :label: ex-streams-peak
+#
+# 32 layers × 64 MiB, `record_stream`, 10 ms of GPU work per layer, and a host that
+# spends 5 ms on each layer. What is the peak of active memory above the start, in MiB?
+# Reason about how many consumers have finished when the host allocates the last
+# buffer. Then run the next cells.
+# ```
+#
+# ```{solution} ex-streams-peak
+# :class: dropdown
+#
+# The host allocates a layer every 5 ms. The GPU finishes a layer every 10 ms. When
+# the host allocates layer *i*, about *i*/2 consumers have finished, and their blocks
+# are reused. The other *i*/2 are parked. At the last layer that is about 16 blocks,
+# **≈ 1024 MiB**: half of what the host running freely costs (2048 MiB), and eight times
+# the event handoff's 128 MiB.
+# ```
+
+# %%
+my_peak_mib = None
+streams.check_peak_prediction(my_peak_mib)
+
+# %%
+sweep = ex.run("streams.runahead")
+streams.plot_runahead(sweep)
+
+# %% [markdown]
+# With `record_stream` the peak climbs from one buffer to all 32 as the GPU work per
+# layer grows. On the right it falls back as the host slows down: once the host spends
+# longer per layer than the GPU, every event has completed by the next allocation and
+# one block is reused. **The program is the same at every point. Only the relative
+# speed of CPU and GPU changes.** The event handoff's line stays flat at two buffers
+# everywhere, because its memory is set by the code, not by a race between the host
+# and the GPU.
+#
+# Measuring the same thing in a real job is hard: CPU speed, logging, a data loader
+# thread, or removing a hidden synchronisation (chapter 4) all change the run-ahead, and
+# with it `record_stream`'s peak. FSDP1 frees its gathered parameters with
+# `record_stream`, and therefore needs `limit_all_gathers=True`, a host-side throttle
+# that blocks the CPU so that no more than two layers' parameters exist at once.
+#
+# Explore a single run. Choose the strategy, the GPU work per layer and the host delay:
+
+# %%
+ex.panel("streams.pipeline", streams.plot_pipeline, params=["strategy", "consumer_ms", "host_delay_ms"])
+
+# %% [markdown]
+# ## 6. What `max_memory_allocated()` does not see
+#
+# `torch.cuda.max_memory_allocated()` is the number most people look at, and it misses
+# all of this. The allocator lowers its *allocated* counter at `del`, even when the block
+# goes to the event queue instead of the free list. The block stays in the *active*
+# counter until it is really free, and the memory behind it stays *reserved*. Read
+# `torch.cuda.memory_stats()["active_bytes.all.peak"]` or the reserved peak instead. In a
+# memory snapshot, such blocks have the state `active_pending_free`.
+#
+# ```{exercise} The number max_memory_allocated() reports
+# :label: ex-streams-allocated
+#
+# At the largest run-ahead (10 ms of GPU work per layer, no host delay), `record_stream`
+# parked a block for every layer. What does `max_memory_allocated()` report for that run,
+# in MiB above the start?
+# ```
+#
+# ```{solution} ex-streams-allocated
+# :class: dropdown
+#
+# About **one buffer (64 MiB)**. Each buffer leaves the allocated counter at its `del`,
+# before the next one is allocated, so only one is ever counted. The active and reserved
+# peaks show all 32.
+# ```
+
+# %%
+my_allocated_mib = None
+streams.check_allocated_peak(my_allocated_mib)
+
+# %%
+streams.plot_counters(sweep)
+
+# %% [markdown]
+# ## 7. Under a memory cap: a stall hidden in an allocation
+#
+# Parked blocks cannot be reused, so `record_stream` exhausts the cache sooner. What
+# happens then? The next experiment runs 48 layers of 64 MiB in a fresh process whose
+# allocator is capped at 1 GiB (`torch.cuda.set_per_process_memory_fraction`). It times
+# every `torch.empty` on the host and reads the allocator's retry counter,
+# `num_alloc_retries`.
+
+# %%
+capped = ex.run("streams.memory_cap")
+streams.plot_memory_cap(capped)
+
+# %% [markdown]
+# ```{exercise} Where does the stall come from?
+# :label: ex-streams-cap
+#
+# With `record_stream`, a few allocations block the host for tens of milliseconds.
+# With the event handoff under the same cap, none does. Which explanation fits?
+#
+# - **a** `cudaMalloc` is slow for 64 MiB.
+# - **b** Before retrying, the allocator waits for every outstanding `record_stream`
+#   event, so the host waits until the GPU catches up.
+# - **c** Python's garbage collector runs.
+# - **d** The driver pages device memory out to the host.
+# ```
+#
+# ```{solution} ex-streams-cap
+# :class: dropdown
+#
+# **b**. When nothing cached fits and the cap forbids a new `cudaMalloc`, the allocator
+# frees its whole cache and tries once more. To free parked blocks it must first
+# wait (`cudaEventSynchronize`) on every pending event. The host therefore waits for the
+# GPU to finish all queued consumer work, inside what looks like an ordinary
+# `torch.empty`. `num_alloc_retries` counts these episodes. A profiler shows them as a
+# long gap on the CPU thread with no synchronising call in your code.
+# ```
+
+# %%
+streams.check_cap_stall(None)  # replace None with "a", "b", "c" or "d"
+
+# %% [markdown]
+# ## 8. Writing the event handoff
+#
+# The post's recipe, in our words:
+#
+# 1. **Find the allocation stream.** Only later allocations on that stream can receive
+#    the block, so it is the only stream that needs a dependency.
+# 2. After the consumer's last use, **record an event on the consumer** stream.
+# 3. **Keep a Python reference** for as long as the producer should stay ahead.
+# 4. **Enqueue `allocation_stream.wait_event(event)` first, drop the reference second.**
+#    In the other order, any allocation in between (a hook, another module) could
+#    receive the block with nothing ordering it after the consumer.
+# 5. **Choose the number of buffers in flight**: 0 serialises the streams, 1 is double
+#    buffering, *N* is a queue. Memory is then (*N* + 1) buffers, by construction.
+#
+# With *N* = 1 the loop is short:
+#
+# ```python
+# kept = None                               # (buffer, event) of the previous layer
+# for layer in range(layers):
+#     buf = all_gather(layer)               # gets a new block: the old one is still held
+#     done = forward(buf, layer)            # an event recorded on the consumer after the read
+#     if kept is not None:
+#         producer.wait_event(kept[1])      # the wait goes in first ...
+#     kept = (buf, done)                    # ... then the older buffer is dropped
+# ```
+#
+# Set the number of buffers in flight and compare the blocks and peaks:
+
+# %%
+ex.panel("streams.pipeline", streams.plot_pipeline, params=["in_flight"], strategy="event")
+
+# %% [markdown]
+# ```{exercise} Write the handoff
+# :label: ex-streams-handoff
+#
+# Complete `my_handoff` below. For every layer it must call `buf = all_gather(layer)`,
+# which allocates and fills the buffer on `producer`, and `done = forward(buf, layer)`,
+# where the consumer reads it and `done` is an event recorded after the read. Release
+# each buffer safely **without** `record_stream`.
+#
+# The check runs your loop on your GPU (8 layers of 64 MiB, a producer that needs 1.5 ms
+# per layer, a consumer that needs 2 ms). It passes when no trial reads a wrong value,
+# at most two buffers exist at once, and the GPU time is within 1.3× of a reference
+# loop. The last condition rules out a stall. On a machine without a GPU the check says
+# that it cannot run.
+# ```
+#
+# ````{solution} ex-streams-handoff
+# :class: dropdown
+#
+# Keep the previous layer's pair alive for one more layer, and make the producer wait
+# on its event before dropping it:
+#
+# ```python
+# def my_handoff(all_gather, forward, layers, producer, consumer):
+#     kept = None
+#     for layer in range(layers):
+#         buf = all_gather(layer)
+#         done = forward(buf, layer)
+#         if kept is not None:
+#             producer.wait_event(kept[1])
+#         kept = (buf, done)
+#         del buf
+#     if kept is not None:
+#         producer.wait_event(kept[1])
+# ```
+#
+# Two answers that pass correctness but fail the check: `producer.wait_event(done)` and
+# then `del buf` in the same layer (one block, but each all-gather waits for the
+# previous layer's consumer, so the streams no longer overlap), and
+# `done.synchronize()` before `del buf` (the same stall, on the host).
+# ````
+
+# %%
+def my_handoff(all_gather, forward, layers, producer, consumer):
+    for layer in range(layers):
+        buf = all_gather(layer)
+        done = forward(buf, layer)
+        # your code: keep `buf` and `done`, make `producer` wait on an event, then release
+        del buf
+
+
+streams.check_event_handoff(None)  # replace None with my_handoff
+
+# %% [markdown]
+# ````{exercise} Which stream waits?
+# :label: ex-streams-alloc-stream
+#
+# ```python
+# with torch.cuda.stream(copy_in):
+#     flat = torch.empty(n, device="cuda")
+#     flat.copy_(pinned_shards, non_blocking=True)
+# compute.wait_stream(copy_in)
+# offload.wait_stream(copy_in)
+# with torch.cuda.stream(compute):
+#     y = layer(flat)                                  # reads flat
+# with torch.cuda.stream(offload):
+#     host_copy.copy_(flat, non_blocking=True)         # reads flat too
+# ```
+#
+# Before the last reference to `flat` is dropped, which stream(s) must `wait_event`?
+#
+# - **a** `compute`
+# - **b** `offload`
+# - **c** only `copy_in`, on an event from each reader
+# - **d** all three
+# ````
+#
+# ```{solution} ex-streams-alloc-stream
+# :class: dropdown
+#
+# **c**. `flat` was allocated on `copy_in`, so only later `copy_in` allocations can
+# receive its block. `copy_in` must wait on an event recorded on `compute` after
+# `layer(flat)` and on one recorded on `offload` after the copy, or on a single event
+# if the two readers are already ordered. Waits on the other streams order work
+# that can never receive the block, and only cost overlap.
+# ```
+
+# %%
+streams.check_allocation_stream(None)  # replace None with "a", "b", "c" or "d"
+
+# %% [markdown]
+# ## 9. In your own code
+#
+# - **Find the buffers that cross streams.** Look for any tensor created under
+#   `torch.cuda.stream(side)` and used outside it, or the other way round: side-stream
+#   copies, prefetchers, offloading hooks, hand-written overlap of communication and
+#   compute. The [CUDA stream sanitizer](https://docs.pytorch.org/docs/stable/cuda._sanitizer.html)
+#   (`TORCH_CUDA_SANITIZER=1`) reports unsynchronised accesses across streams.
+# - **Measure the right counter.** Compare `memory_stats()["active_bytes.all.peak"]`
+#   with `max_memory_allocated()`. A large gap means blocks parked on events. The
+#   helpers of this book do it for you:
+#
+#   ```python
+#   from experiments.measure import track_memory
+#   with track_memory() as mem:
+#       train_step()
+#   print(mem.delta.mib())   # allocated, active and reserved peaks in MiB
+#   ```
+#
+# - **Prefer the event handoff on hot paths.** FSDP2
+#   ([`fully_shard`](https://docs.pytorch.org/docs/stable/distributed.fsdp.fully_shard.html))
+#   never calls `record_stream` on CUDA. It keeps each all-gather result with an event
+#   and makes the copy-in and all-gather streams wait before reuse. For the
+#   reduce-scatter inputs of the backward pass, the post describes an experimental
+#   `set_reduce_scatter_max_input_buffers` that sets the number in flight. Collectives in
+#   `torch.distributed` used to call `record_stream` on their tensors, and with FSDP2
+#   that showed up as memory stacking up
+#   ([pytorch/pytorch#147168](https://github.com/pytorch/pytorch/issues/147168)).
+#   `TORCH_NCCL_AVOID_RECORD_STREAMS=1` makes ProcessGroupNCCL hold references instead.
+# - **`record_stream` still has uses.** It fits a rare handoff off the hot path, and a
+#   library that returns side-stream tensors to callers who should not have to think
+#   about streams. There, unpredictable reuse is an acceptable price.
+
+# %% [markdown]
+# ## Claims checked in this chapter
+#
+# Each row applies the claim's test to the measurement named in it: recorded on the
+# lab GPU, or live on yours.
+
+# %%
+ex.claims_table(chapter=2)

@@ -1,0 +1,873 @@
+"""A pure-Python model of PyTorch's CUDA caching allocator, for one device and one stream.
+
+It follows the rules of the native allocator as written down in the book's background
+note (allocator-rules.md, which paraphrases ``c10/cuda/CUDACachingAllocator.cpp`` and
+``c10/core/AllocatorConfig.cpp``): requests are rounded to 512 B (or to power-of-two
+divisions), requests of at most 1 MiB use the small pool, a new segment is 2 MiB, 20 MiB
+or the request rounded to 2 MiB, the smallest free block that fits is used (lowest
+address on ties), a block is split when the remainder is worth keeping, freed blocks
+merge with free neighbours of the same segment, and ``empty_cache`` returns only whole
+free segments. With ``expandable_segments`` each pool is one virtual range into which
+2 MiB (small) or 20 MiB (large) pages are mapped on demand.
+
+The model needs no GPU. The book uses it to predict what the GPU will do (so exercises
+can be checked anywhere) and the GPU tests compare it with the real allocator. It does
+not model streams, events, ``record_stream``, CUDA graphs or the driver's choice of
+segment addresses (new segments get increasing synthetic addresses, so which of two
+equal free blocks is reused first may differ from a GPU run; sizes and totals do not).
+
+Sizes are in bytes throughout.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Any, Iterable, Mapping, Sequence
+
+KiB = 1024
+MiB = 1024**2
+GiB = 1024**3
+
+MIN_BLOCK_SIZE = 512            # every request is rounded up to a multiple of this
+SMALL_SIZE = 1 * MiB            # rounded requests up to and including this use the small pool
+SMALL_BUFFER = 2 * MiB          # size of a small-pool segment, and its expandable page
+MIN_LARGE_ALLOC = 10 * MiB      # large requests below this get a whole large buffer
+LARGE_BUFFER = 20 * MiB         # that buffer; also the default large expandable page
+ROUND_LARGE = 2 * MiB           # larger requests get a segment rounded up to this
+ROUNDUP_INTERVALS = 16          # roundup_power2_divisions has one entry per power of two from 1 MiB
+
+_RANGE_SIZE = 1 << 40           # virtual range of one modelled expandable segment (1 TiB)
+
+STATE_ALLOCATED = "active_allocated"
+STATE_FREE = "inactive"
+
+
+# ----------------------------------------------------------------------------- settings
+
+def _is_power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def parse_roundup_divisions(value: int | str | Sequence[int]) -> tuple[int, ...]:
+    """The 16-entry table behind ``roundup_power2_divisions``.
+
+    Args:
+        value: one number N (0, 1 or a power of two) for every size; a string such as
+            '[256:1,512:2,1024:4,>:8]' (keys are powers of two in MiB, '>' covers every
+            interval after the last listed one; the first entry also covers every
+            smaller size); or an explicit sequence of 16 numbers.
+
+    Entry i applies to rounded sizes in [2**(20+i), 2**(21+i)) bytes; entry 0 also covers
+    everything below 2 MiB and entry 15 everything above 32 GiB. This follows the parser of
+    torch 2.11 (allocator-rules.md §A.2); older releases let '>' overwrite the last entry.
+
+    Raises:
+        ValueError: a division that is not 0 or a power of two, a key that is not a power
+            of two, or a malformed string.
+    """
+    def division(v: Any, where: str) -> int:
+        try:
+            d = int(v)
+        except (TypeError, ValueError):
+            raise ValueError(f"roundup_power2_divisions: {where} must be an integer, got {v!r}") from None
+        if d < 0 or (d > 1 and not _is_power_of_two(d)):
+            raise ValueError(f"roundup_power2_divisions: {where} must be 0, 1 or a power of two, got {d}")
+        return d
+
+    if isinstance(value, bool):
+        raise ValueError(f"roundup_power2_divisions must be a number or a list, got {value!r}")
+    if isinstance(value, int):
+        return (division(value, "the division"),) * ROUNDUP_INTERVALS
+    if isinstance(value, str):
+        text = value.strip()
+        if not (text.startswith("[") and text.endswith("]")):
+            return (division(text, "the division"),) * ROUNDUP_INTERVALS
+        table = [0] * ROUNDUP_INTERVALS
+        first, last = True, -1
+        for entry in filter(None, (e.strip() for e in text[1:-1].split(","))):
+            key, sep, raw = entry.partition(":")
+            if not sep:
+                raise ValueError(f"roundup_power2_divisions: entry {entry!r} must look like SIZE_MB:N or >:N")
+            d = division(raw.strip(), f"entry {entry!r}")
+            key = key.strip()
+            if key == ">":
+                for i in range(last + 1, ROUNDUP_INTERVALS):
+                    table[i] = d
+                continue
+            try:
+                mb = int(key)
+            except ValueError:
+                raise ValueError(f"roundup_power2_divisions: size {key!r} must be a power of two in MiB") from None
+            if not _is_power_of_two(mb):
+                raise ValueError(f"roundup_power2_divisions: size {key!r} must be a power of two in MiB")
+            index = min(mb.bit_length() - 1, ROUNDUP_INTERVALS - 1)
+            if first:
+                for i in range(index):
+                    table[i] = d
+                first = False
+            table[index] = d
+            last = index
+        return tuple(table)
+    table = tuple(division(v, f"entry {i}") for i, v in enumerate(value))
+    if len(table) != ROUNDUP_INTERVALS:
+        raise ValueError(f"roundup_power2_divisions needs {ROUNDUP_INTERVALS} entries, got {len(table)}")
+    return table
+
+
+@dataclasses.dataclass(frozen=True)
+class AllocatorConfig:
+    """The allocator settings the model follows (``PYTORCH_CUDA_ALLOC_CONF``), in bytes.
+
+    Attributes:
+        expandable_segments: one growing virtual range per pool instead of one
+            ``cudaMalloc`` per segment.
+        max_split_size: blocks at least this large are never split, and requests below it
+            never take them; None means no limit (the default).
+        max_non_split_rounding: how much larger than a request (>= max_split_size) an
+            unsplit cached block may be.
+        roundup_divisions: the 16-entry table of :func:`parse_roundup_divisions`.
+        garbage_collection_threshold: fraction (0-1) of the memory cap above which old
+            cached blocks are released before a new segment is made; 0 disables it.
+        large_segment_size: segment for 1-10 MiB requests, and the large expandable page.
+    """
+
+    expandable_segments: bool = False
+    max_split_size: int | None = None
+    max_non_split_rounding: int = LARGE_BUFFER
+    roundup_divisions: tuple[int, ...] = (0,) * ROUNDUP_INTERVALS
+    garbage_collection_threshold: float = 0.0
+    large_segment_size: int = LARGE_BUFFER
+
+    def __post_init__(self) -> None:
+        if self.max_split_size is not None and self.max_split_size <= LARGE_BUFFER:
+            raise ValueError(f"max_split_size must be > 20 MiB, got {self.max_split_size} bytes")
+        if self.max_non_split_rounding < 0:
+            raise ValueError(f"max_non_split_rounding must be >= 0 bytes, got {self.max_non_split_rounding}")
+        if not 0 <= self.garbage_collection_threshold < 1:
+            raise ValueError(f"garbage_collection_threshold must be in [0, 1), got {self.garbage_collection_threshold}")
+        if self.large_segment_size <= MIN_LARGE_ALLOC or self.large_segment_size % ROUND_LARGE:
+            raise ValueError(f"large_segment_size must be a multiple of 2 MiB above 10 MiB, got {self.large_segment_size}")
+        object.__setattr__(self, "roundup_divisions", parse_roundup_divisions(self.roundup_divisions))
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any] | str | None) -> "AllocatorConfig":
+        """Build from allocator settings as a dict or a ``PYTORCH_CUDA_ALLOC_CONF`` string.
+
+        Options that do not change device block placement (pinned-memory options,
+        ``release_lock_on_cudamalloc``, ``graph_capture_record_stream_reuse``,
+        ``backend:native``) are accepted and ignored.
+
+        Raises:
+            ValueError: an unknown option, a bad value, ``backend:cudaMallocAsync`` (a
+                different allocator) or ``per_process_memory_fraction`` (give the model a
+                cap in bytes instead).
+        """
+        from .alloc_conf import KNOWN_OPTIONS, parse
+
+        if settings is None:
+            return cls()
+        items = parse(settings) if isinstance(settings, str) else dict(settings)
+        kw: dict[str, Any] = {}
+        for name, value in items.items():
+            if name not in KNOWN_OPTIONS:
+                raise ValueError(f"unknown allocator option {name!r}; known options: {sorted(KNOWN_OPTIONS)}")
+            if name == "expandable_segments":
+                if not isinstance(value, bool):
+                    raise ValueError(f"expandable_segments must be True or False, got {value!r}")
+                kw["expandable_segments"] = value
+            elif name == "max_split_size_mb":
+                kw["max_split_size"] = _mib_option(name, value) * MiB
+            elif name == "max_non_split_rounding_mb":
+                kw["max_non_split_rounding"] = _mib_option(name, value) * MiB
+            elif name == "large_segment_size_mb":
+                kw["large_segment_size"] = _mib_option(name, value) * MiB
+            elif name == "roundup_power2_divisions":
+                kw["roundup_divisions"] = parse_roundup_divisions(value)
+            elif name == "garbage_collection_threshold":
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+                    raise ValueError(f"garbage_collection_threshold must be in (0, 1), got {value!r}")
+                kw["garbage_collection_threshold"] = float(value)
+            elif name == "backend":
+                if value != "native":
+                    raise ValueError("the model covers the native caching allocator only, not backend "
+                                     f"{value!r}")
+            elif name == "per_process_memory_fraction":
+                raise ValueError("per_process_memory_fraction depends on the GPU's size; give the model "
+                                 "cap_bytes instead")
+        return cls(**kw)
+
+
+def _mib_option(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be a non-negative whole number of MiB, got {value!r}")
+    return value
+
+
+DEFAULT = AllocatorConfig()
+
+
+# ----------------------------------------------------------------------------- the rules
+
+def round_size(nbytes: int, config: AllocatorConfig = DEFAULT) -> int:
+    """The block size a request of ``nbytes`` asks the pools for (bytes).
+
+    Up to 512 B becomes 512; otherwise the next multiple of 512, unless
+    ``roundup_power2_divisions`` gives the request's power-of-two interval d > 1
+    divisions and the request exceeds 512·d, in which case it rounds up to the next
+    1/d step of that interval. (allocator-rules.md §A.2; PyTorch ``round_size``.)
+
+    Raises:
+        ValueError: ``nbytes`` < 1 (a zero-byte tensor never reaches the allocator).
+    """
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 1:
+        raise ValueError(f"nbytes must be a whole number of bytes >= 1, got {nbytes!r}")
+    if nbytes < MIN_BLOCK_SIZE:
+        return MIN_BLOCK_SIZE
+    index = min(max(nbytes.bit_length() - 1 - 20, 0), ROUNDUP_INTERVALS - 1)
+    d = config.roundup_divisions[index]
+    if d > 1 and nbytes > MIN_BLOCK_SIZE * d:
+        if _is_power_of_two(nbytes):
+            return nbytes
+        floor = 1 << (nbytes.bit_length() - 1)
+        step = floor // d
+        if step == 0:
+            return floor * 2
+        return -(-nbytes // step) * step
+    return -(-nbytes // MIN_BLOCK_SIZE) * MIN_BLOCK_SIZE
+
+
+def pool_of(rounded: int) -> str:
+    """'small' for rounded sizes up to and including 1 MiB, else 'large'."""
+    return "small" if rounded <= SMALL_SIZE else "large"
+
+
+def allocation_size(rounded: int, config: AllocatorConfig = DEFAULT) -> int:
+    """Size of the segment a new ``cudaMalloc`` makes for a rounded request (bytes).
+
+    2 MiB up to 1 MiB; 20 MiB (``large_segment_size``) below 10 MiB; else the request
+    rounded up to 2 MiB. With expandable segments this size is only used for the
+    memory-cap check; pages are mapped instead (:func:`page_size`).
+    """
+    if rounded <= SMALL_SIZE:
+        return SMALL_BUFFER
+    if rounded < MIN_LARGE_ALLOC:
+        return config.large_segment_size
+    return -(-rounded // ROUND_LARGE) * ROUND_LARGE
+
+
+def page_size(pool: str, config: AllocatorConfig = DEFAULT) -> int:
+    """Expandable-segment page of a pool: 2 MiB (small) or ``large_segment_size`` (large)."""
+    if pool not in ("small", "large"):
+        raise ValueError(f"pool must be 'small' or 'large', got {pool!r}")
+    return SMALL_BUFFER if pool == "small" else config.large_segment_size
+
+
+def should_split(block_size: int, rounded: int, pool: str, config: AllocatorConfig = DEFAULT) -> bool:
+    """Whether a free block of ``block_size`` serving ``rounded`` bytes keeps its tail free.
+
+    Small pool, or expandable segments: when the remainder is at least 512 B. Large pool
+    otherwise: only when the remainder is more than 1 MiB and the request is below
+    ``max_split_size`` (allocator-rules.md §A.7).
+    """
+    remaining = block_size - rounded
+    if remaining < 0:
+        raise ValueError(f"a {block_size}-byte block cannot serve {rounded} bytes")
+    if pool == "small" or config.expandable_segments:
+        return remaining >= MIN_BLOCK_SIZE
+    limit = config.max_split_size if config.max_split_size is not None else math.inf
+    return rounded < limit and remaining > SMALL_SIZE
+
+
+# ----------------------------------------------------------------------------- operations
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|bytes?|KiB|MiB|GiB)?\s*(?:\+\s*(\d+)\s*(?:B|bytes?)?)?\s*$", re.I)
+_UNITS = {"b": 1, "byte": 1, "bytes": 1, "kib": KiB, "mib": MiB, "gib": GiB}
+
+
+def parse_size(size: int | float | str) -> int:
+    """A size in bytes from an int, or a string such as '16 MiB', '1.5MiB', '512 KiB',
+    '1 MiB + 1', '1000 B'. Fractions of a byte are rounded to the nearest byte.
+
+    Raises:
+        ValueError: an unreadable string, or a size below 1 byte.
+    """
+    if isinstance(size, bool):
+        raise ValueError(f"a size must be a number of bytes or a string like '16 MiB', got {size!r}")
+    if isinstance(size, (int, float)):
+        nbytes = int(round(size))
+    elif isinstance(size, str):
+        m = _SIZE_RE.match(size)
+        if not m:
+            raise ValueError(f"cannot read size {size!r}; write e.g. '16 MiB', '512 KiB', '1 MiB + 1' or 1000")
+        unit = _UNITS[(m.group(2) or "B").lower()]
+        nbytes = int(round(float(m.group(1)) * unit)) + int(m.group(3) or 0)
+    else:
+        raise ValueError(f"a size must be a number of bytes or a string like '16 MiB', got {size!r}")
+    if nbytes < 1:
+        raise ValueError(f"a size must be at least 1 byte, got {size!r}")
+    return nbytes
+
+
+def normalize_ops(ops: Iterable[Sequence[Any]]) -> list[list[Any]]:
+    """Check a sequence of allocator operations and return it in canonical JSON form.
+
+    Each operation is a tuple or list:
+
+    * ``("alloc", name, size)``: a ``torch.empty(size, dtype=torch.uint8)`` tensor called
+      ``name``; ``size`` in bytes or a string such as '16 MiB';
+    * ``("free", name)``: drop that tensor;
+    * ``("empty_cache",)``: ``torch.cuda.empty_cache()``;
+    * ``("snapshot", label)``: record the segment layout under ``label``.
+
+    Returns:
+        a list of lists with sizes as ints: ``[["alloc", "x", 16777216], ["free", "x"]]``.
+
+    Raises:
+        ValueError: an unknown operation, a bad size, allocating a live name again, or
+            freeing a name that is not live (each message names the operation's index).
+    """
+    out: list[list[Any]] = []
+    live: set[str] = set()
+    labels: set[str] = set()
+    for i, op in enumerate(ops):
+        if isinstance(op, (str, bytes)) or not isinstance(op, Sequence) or not op:
+            raise ValueError(f"operation {i}: expected a tuple like ('alloc', 'x', '16 MiB'), got {op!r}")
+        kind = op[0]
+        if kind == "alloc":
+            if len(op) != 3 or not isinstance(op[1], str) or not op[1]:
+                raise ValueError(f"operation {i}: alloc takes a name and a size, e.g. ('alloc', 'x', '16 MiB'); got {op!r}")
+            if op[1] in live:
+                raise ValueError(f"operation {i}: {op[1]!r} is already allocated; free it first or use a new name")
+            try:
+                size = parse_size(op[2])
+            except ValueError as e:
+                raise ValueError(f"operation {i}: {e}") from None
+            live.add(op[1])
+            out.append(["alloc", op[1], size])
+        elif kind == "free":
+            if len(op) != 2 or op[1] not in live:
+                raise ValueError(f"operation {i}: free needs the name of a live tensor, one of {sorted(live)}; got {op!r}")
+            live.discard(op[1])
+            out.append(["free", op[1]])
+        elif kind == "empty_cache":
+            if len(op) != 1:
+                raise ValueError(f"operation {i}: empty_cache takes no arguments, got {op!r}")
+            out.append(["empty_cache"])
+        elif kind == "snapshot":
+            if len(op) != 2 or not isinstance(op[1], str) or op[1] in labels:
+                raise ValueError(f"operation {i}: snapshot takes one new label, got {op!r}")
+            labels.add(op[1])
+            out.append(["snapshot", op[1]])
+        else:
+            raise ValueError(f"operation {i}: unknown operation {kind!r}; use 'alloc', 'free', 'empty_cache' or 'snapshot'")
+    return out
+
+
+def op_label(op: Sequence[Any]) -> str:
+    """A short text for one normalised operation, e.g. 'alloc x (16 MiB)'."""
+    if op[0] == "alloc":
+        return f"alloc {op[1]} ({format_bytes(op[2])})"
+    if op[0] == "free":
+        return f"free {op[1]}"
+    return op[0] if len(op) == 1 else f"{op[0]} {op[1]}"
+
+
+def format_bytes(nbytes: float) -> str:
+    """'16 MiB', '1.5 MiB', '100 KiB', '1 MiB + 1 B', '2 MiB − 512 B', '1000 B'.
+
+    Sizes within 4 KiB of a whole number of MiB or GiB are written exactly, as that
+    number plus or minus bytes, because the allocator's rules hinge on such boundaries.
+    """
+    nbytes = int(nbytes)
+    for unit, scale in (("GiB", GiB), ("MiB", MiB)):
+        whole = round(nbytes / scale)
+        diff = nbytes - whole * scale
+        if whole >= 1 and abs(diff) < 4096:
+            if diff == 0:
+                return f"{whole} {unit}"
+            return f"{whole} {unit} {'+' if diff > 0 else '−'} {abs(diff)} B"
+        if nbytes >= scale:
+            value = nbytes / scale
+            return f"{value:.4g} {unit}" if value < 1000 else f"{value:.0f} {unit}"
+    if nbytes >= KiB:
+        return f"{nbytes // KiB} KiB" if nbytes % KiB == 0 else f"{nbytes / KiB:.4g} KiB"
+    return f"{nbytes} B"
+
+
+# ----------------------------------------------------------------------------- the simulator
+
+@dataclasses.dataclass(eq=False)
+class _Block:
+    addr: int
+    size: int
+    pool: str
+    segment: "_Segment"
+    allocated: bool = False
+    requested: int = 0
+    mapped: bool = True
+    prev: "_Block | None" = None
+    next: "_Block | None" = None
+    gc_base: int = 0
+
+    @property
+    def is_split(self) -> bool:
+        return self.prev is not None or self.next is not None
+
+
+@dataclasses.dataclass(eq=False)
+class _Segment:
+    addr: int
+    size: int
+    pool: str
+    expandable: bool
+    head: _Block | None = None
+
+
+class ModelOutOfMemoryError(RuntimeError):
+    """The modelled allocator could not serve a request under its memory cap.
+
+    Attributes:
+        figures: dict with request_bytes, rounded_bytes, alloc_size_bytes (the segment
+            it tried to create, what PyTorch's message calls "Tried to allocate"),
+            allocated_bytes, reserved_bytes, reserved_unallocated_bytes, cap_bytes.
+    """
+
+    def __init__(self, figures: dict[str, int]):
+        self.figures = figures
+        super().__init__(
+            f"model out of memory: tried to allocate {format_bytes(figures['alloc_size_bytes'])} under a "
+            f"{format_bytes(figures['cap_bytes'])} cap; {format_bytes(figures['allocated_bytes'])} allocated, "
+            f"{format_bytes(figures['reserved_unallocated_bytes'])} reserved but unallocated")
+
+
+class CachingAllocatorModel:
+    """The caching allocator of one device and one stream, in Python.
+
+    Args:
+        config: allocator settings (default: PyTorch's defaults).
+        cap_bytes: the memory cap (``set_per_process_memory_fraction`` times the GPU's
+            memory) in bytes, or None for no cap.
+
+    Example::
+
+        m = CachingAllocatorModel()
+        a = m.malloc(16 * MiB); m.free(a); b = m.malloc(8 * MiB)
+        m.reserved_bytes  # 16 MiB: the 8 MiB request split the cached 16 MiB segment
+    """
+
+    def __init__(self, config: AllocatorConfig | None = None, *, cap_bytes: int | None = None):
+        if cap_bytes is not None and (isinstance(cap_bytes, bool) or cap_bytes < 1):
+            raise ValueError(f"cap_bytes must be a positive number of bytes or None, got {cap_bytes!r}")
+        self.config = config or DEFAULT
+        self.cap_bytes = cap_bytes
+        self.allocated_bytes = 0
+        self.reserved_bytes = 0
+        self.num_alloc_retries = 0
+        self.num_ooms = 0
+        self.num_segment_allocs = 0      # cudaMalloc calls or page maps
+        self.num_segment_frees = 0       # cudaFree calls or page unmaps
+        self._segments: list[_Segment] = []
+        self._free: dict[str, list[_Block]] = {"small": [], "large": []}
+        self._unmapped: dict[str, list[_Block]] = {"small": [], "large": []}
+        self._free_calls = {"small": 0, "large": 0}
+        self._next_addr = 1 << 32
+
+    # -- public operations
+
+    def malloc(self, nbytes: int) -> _Block:
+        """Allocate ``nbytes`` and return the block (pass it to :meth:`free`).
+
+        Raises:
+            ValueError: nbytes < 1.
+            ModelOutOfMemoryError: the request cannot be served under the cap.
+        """
+        size = round_size(nbytes, self.config)
+        pool = pool_of(size)
+        alloc = allocation_size(size, self.config)
+        block = self._get_free_block(size, pool)
+        if block is None:
+            if self.cap_bytes is not None and self.config.garbage_collection_threshold > 0:
+                self._garbage_collect()
+            block = self._alloc_block(size, pool, alloc)
+            if block is None and self._release_available_cached_blocks(size, pool):
+                block = self._alloc_block(size, pool, alloc)
+            if block is None:
+                self.empty_cache()
+                self.num_alloc_retries += 1
+                block = self._alloc_block(size, pool, alloc)
+            if block is None:
+                self.num_ooms += 1
+                raise ModelOutOfMemoryError({
+                    "request_bytes": nbytes, "rounded_bytes": size, "alloc_size_bytes": alloc,
+                    "allocated_bytes": self.allocated_bytes, "reserved_bytes": self.reserved_bytes,
+                    "reserved_unallocated_bytes": self.reserved_bytes - self.allocated_bytes,
+                    "cap_bytes": self.cap_bytes or 0,
+                })
+        if should_split(block.size, size, pool, self.config):
+            rest = _Block(block.addr + size, block.size - size, pool, block.segment, mapped=True,
+                          prev=block, next=block.next)
+            if block.next is not None:
+                block.next.prev = rest
+            block.next = rest
+            block.size = size
+            self._insert_free(rest)
+        block.allocated = True
+        block.requested = nbytes
+        self.allocated_bytes += block.size
+        return block
+
+    def free(self, block: _Block) -> None:
+        """Return a block to its pool, merging it with free neighbours in its segment.
+
+        Raises:
+            ValueError: the block is not allocated.
+        """
+        if not isinstance(block, _Block) or not block.allocated:
+            raise ValueError("free() needs a block returned by malloc() that is still allocated")
+        block.allocated = False
+        self.allocated_bytes -= block.size
+        for neighbour in (block.prev, block.next):
+            self._try_merge(block, neighbour)
+        self._insert_free(block)
+
+    def empty_cache(self) -> None:
+        """``torch.cuda.empty_cache()``: release whole free segments (or whole free pages)."""
+        for pool in ("large", "small"):
+            for block in list(self._free[pool]):
+                if block not in self._free[pool]:
+                    continue  # merged away while unmapping a neighbour
+                if block.segment.expandable:
+                    self._unmap(block)
+                elif not block.is_split:
+                    self._release_segment(block)
+
+    # -- inspection
+
+    def segments(self) -> list[dict[str, Any]]:
+        """The layout as a snapshot shows it: one dict per segment (or mapped run), by address.
+
+        Each dict has address, total_size, pool, is_expandable and blocks (each with
+        size, state 'active_allocated' or 'inactive', requested_size).
+        """
+        out = []
+        for seg in sorted(self._segments, key=lambda s: s.addr):
+            run: list[_Block] = []
+            b = seg.head
+            while b is not None:
+                if b.mapped:
+                    run.append(b)
+                elif run:
+                    out.append(self._segment_dict(seg, run))
+                    run = []
+                b = b.next
+            if run:
+                out.append(self._segment_dict(seg, run))
+        return out
+
+    @staticmethod
+    def _segment_dict(seg: _Segment, blocks: list[_Block]) -> dict[str, Any]:
+        return {
+            "address": blocks[0].addr,
+            "total_size": sum(b.size for b in blocks),
+            "pool": seg.pool,
+            "is_expandable": seg.expandable,
+            "blocks": [{"size": b.size, "state": STATE_ALLOCATED if b.allocated else STATE_FREE,
+                        "requested_size": b.requested if b.allocated else 0} for b in blocks],
+        }
+
+    # -- internals: finding and creating blocks
+
+    def _insert_free(self, block: _Block) -> None:
+        block.gc_base = self._free_calls[block.pool]
+        self._free[block.pool].append(block)
+
+    def _get_free_block(self, size: int, pool: str) -> _Block | None:
+        cfg = self.config
+        if self.cap_bytes is not None and cfg.garbage_collection_threshold > 0:
+            self._free_calls[pool] += 1
+        ordered = sorted((b for b in self._free[pool] if b.size >= size), key=lambda b: (b.size, b.addr))
+        if not ordered:
+            return None
+        i = 0
+        if ordered[0].segment.expandable:
+            if cfg.expandable_segments:
+                # A free block at the growing end of a range can expand; prefer a block that
+                # cannot, so the frontier stays available (PyTorch's "expandable size").
+                def expandable_size(b: _Block) -> int:
+                    return b.size + (b.next.size if b.next is not None and not b.next.mapped else 0)
+
+                while (ordered[i].segment.expandable and i + 1 < len(ordered)
+                       and expandable_size(ordered[i + 1]) < expandable_size(ordered[i])):
+                    i += 1
+            else:
+                while i < len(ordered) and ordered[i].segment.expandable:
+                    i += 1
+                if i == len(ordered):
+                    return None
+        block = ordered[i]
+        limit = cfg.max_split_size
+        if limit is not None:
+            if size < limit and block.size >= limit:
+                return None
+            if size >= limit and block.size >= size + cfg.max_non_split_rounding:
+                return None
+        self._free[pool].remove(block)
+        return block
+
+    def _alloc_block(self, size: int, pool: str, alloc: int) -> _Block | None:
+        if self.cap_bytes is not None and self.reserved_bytes + alloc > self.cap_bytes:
+            return None
+        if self.config.expandable_segments:
+            return self._alloc_expandable(size, pool)
+        seg = _Segment(self._next_addr, alloc, pool, expandable=False)
+        self._next_addr += -(-alloc // ROUND_LARGE) * ROUND_LARGE
+        seg.head = _Block(seg.addr, alloc, pool, seg)
+        self._segments.append(seg)
+        self.reserved_bytes += alloc
+        self.num_segment_allocs += 1
+        return seg.head
+
+    def _release_segment(self, block: _Block) -> None:
+        self._free[block.pool].remove(block)
+        self._segments.remove(block.segment)
+        self.reserved_bytes -= block.size
+        self.num_segment_frees += 1
+
+    def _try_merge(self, dst: _Block, src: _Block | None) -> None:
+        if src is None or src.allocated or src.mapped != dst.mapped:
+            return
+        if src is dst.prev:
+            dst.addr = src.addr
+            dst.prev = src.prev
+            if src.prev is not None:
+                src.prev.next = dst
+            else:
+                dst.segment.head = dst
+        else:
+            dst.next = src.next
+            if src.next is not None:
+                src.next.prev = dst
+        dst.size += src.size
+        (self._free if src.mapped else self._unmapped)[src.pool].remove(src)
+
+    # -- internals: the memory-pressure path
+
+    def _release_available_cached_blocks(self, size: int, pool: str) -> bool:
+        limit = self.config.max_split_size
+        if limit is None:
+            return False
+        key = max(size, limit)
+        whole = sorted((b for b in self._free[pool] if not b.segment.expandable), key=lambda b: (b.size, b.addr))
+        fitting = [b for b in whole if b.size >= key]
+        if fitting:
+            if fitting[0].is_split:
+                return False
+            self._release_segment(fitting[0])
+            return True
+        released = 0
+        for b in reversed(whole):   # largest first
+            if released >= key or b.size < limit:
+                break
+            if not b.is_split:
+                released += b.size
+                self._release_segment(b)
+        return released >= key
+
+    def _garbage_collect(self) -> None:
+        cap = self.cap_bytes or 0
+        threshold = int(self.config.garbage_collection_threshold * cap)
+        if self.reserved_bytes <= threshold:
+            return
+        target = self.reserved_bytes - threshold
+        pool = "large"
+
+        def age(b: _Block) -> int:
+            return self._free_calls[pool] - b.gc_base
+
+        candidates = [b for b in self._free[pool] if not b.is_split]
+        total_age, count = sum(age(b) for b in candidates), len(candidates)
+        reclaimed, freed = 0, True
+        while reclaimed < target and freed and count > 0:
+            threshold_age = total_age / count
+            freed = False
+            for b in sorted(self._free[pool], key=lambda b: (b.size, b.addr)):
+                if not b.is_split and not b.segment.expandable and age(b) >= threshold_age:
+                    freed = True
+                    reclaimed += b.size
+                    total_age -= age(b)
+                    count -= 1
+                    self._release_segment(b)
+
+    # -- internals: expandable segments
+
+    def _range(self, pool: str) -> _Segment:
+        for seg in self._segments:
+            if seg.expandable and seg.pool == pool:
+                return seg
+        seg = _Segment(self._next_addr, _RANGE_SIZE, pool, expandable=True)
+        self._next_addr += _RANGE_SIZE
+        seg.head = _Block(seg.addr, _RANGE_SIZE, pool, seg, mapped=False)
+        self._unmapped[pool].append(seg.head)
+        self._segments.append(seg)
+        return seg
+
+    def _alloc_expandable(self, size: int, pool: str) -> _Block | None:
+        self._range(pool)
+        candidate = self._find_expandable(size, pool)
+        if not candidate.mapped:
+            candidate = self._map(candidate, min(candidate.size, size))
+        while candidate.size < size:
+            nxt = candidate.next
+            assert nxt is not None and not nxt.mapped
+            candidate = self._map(nxt, min(size - candidate.size, nxt.size))
+        self._free[pool].remove(candidate)
+        return candidate
+
+    def _find_expandable(self, size: int, pool: str) -> _Block:
+        def usable(b: _Block | None) -> bool:
+            return b is not None and not b.allocated
+
+        for u in sorted(self._unmapped[pool], key=lambda b: b.addr):
+            start = u.prev if usable(u.prev) else u
+            room, b = 0, start
+            while room < size and usable(b):
+                room += b.size
+                b = b.next
+            if room >= size:
+                return start
+        raise RuntimeError("the modelled virtual range is exhausted")  # 1 TiB: not reached in practice
+
+    def _map(self, block: _Block, nbytes: int) -> _Block:
+        page = page_size(block.pool, self.config)
+        mapped = -(-nbytes // page) * page
+        mapped = min(mapped, block.size)
+        self._unmapped[block.pool].remove(block)
+        block.mapped = True
+        if mapped < block.size:
+            rest = _Block(block.addr + mapped, block.size - mapped, block.pool, block.segment, mapped=False,
+                          prev=block, next=block.next)
+            if block.next is not None:
+                block.next.prev = rest
+            block.next = rest
+            block.size = mapped
+            self._unmapped[block.pool].append(rest)
+        self._try_merge(block, block.prev)
+        self._try_merge(block, block.next)
+        self._insert_free(block)
+        self.reserved_bytes += mapped
+        self.num_segment_allocs += 1
+        return block
+
+    def _unmap(self, block: _Block) -> None:
+        page = page_size(block.pool, self.config)
+        base = block.segment.addr
+        begin = base + -(-(block.addr - base) // page) * page
+        end = base + ((block.addr + block.size - base) // page) * page
+        if end <= begin:
+            return
+        self._free[block.pool].remove(block)
+        if begin > block.addr:
+            before = _Block(block.addr, begin - block.addr, block.pool, block.segment, prev=block.prev, next=block)
+            if block.prev is not None:
+                block.prev.next = before
+            else:
+                block.segment.head = before
+            block.prev = before
+            self._insert_free(before)
+        if end < block.addr + block.size:
+            after = _Block(end, block.addr + block.size - end, block.pool, block.segment, prev=block, next=block.next)
+            if block.next is not None:
+                block.next.prev = after
+            block.next = after
+            self._insert_free(after)
+        block.addr, block.size, block.mapped = begin, end - begin, False
+        self.reserved_bytes -= block.size
+        self.num_segment_frees += 1
+        self._try_merge(block, block.prev)
+        self._try_merge(block, block.next)
+        self._unmapped[block.pool].append(block)
+
+
+# ----------------------------------------------------------------------------- running sequences
+
+def simulate(
+    ops: Iterable[Sequence[Any]],
+    config: AllocatorConfig | Mapping[str, Any] | str | None = None,
+    *,
+    cap_bytes: int | None = None,
+) -> dict[str, Any]:
+    """Run a sequence of operations (see :func:`normalize_ops`) through the model.
+
+    Returns the same structure as the GPU worker
+    (:func:`experiments.allocator_gpu.run_ops`): ``labels``, ``allocated_bytes`` and
+    ``reserved_bytes`` after each alloc/free/empty_cache (lists of equal length),
+    ``snapshots`` (label -> segments), ``oom`` (None, or the figures of the failed
+    request with its ``step``; the sequence stops there and a snapshot 'oom' is added),
+    ``num_alloc_retries`` and ``num_ooms``.
+
+    Raises:
+        ValueError: a malformed sequence or setting.
+    """
+    cfg = config if isinstance(config, AllocatorConfig) else AllocatorConfig.from_settings(config)
+    model = CachingAllocatorModel(cfg, cap_bytes=cap_bytes)
+    live: dict[str, _Block] = {}
+    out: dict[str, Any] = {"labels": [], "allocated_bytes": [], "reserved_bytes": [], "snapshots": {}, "oom": None}
+    for op in normalize_ops(ops):
+        if op[0] == "snapshot":
+            out["snapshots"][op[1]] = model.segments()
+            continue
+        label = op_label(op)
+        if op[0] == "alloc":
+            try:
+                live[op[1]] = model.malloc(op[2])
+            except ModelOutOfMemoryError as e:
+                out["oom"] = {"step": len(out["labels"]), **e.figures}
+                label += " → OOM"
+        elif op[0] == "free":
+            model.free(live.pop(op[1]))
+        else:
+            model.empty_cache()
+        out["labels"].append(label)
+        out["allocated_bytes"].append(model.allocated_bytes)
+        out["reserved_bytes"].append(model.reserved_bytes)
+        if out["oom"] is not None:
+            out["snapshots"]["oom"] = model.segments()
+            break
+    out["num_alloc_retries"] = model.num_alloc_retries
+    out["num_ooms"] = model.num_ooms
+    return out
+
+
+def request_anatomy(nbytes: int, config: AllocatorConfig = DEFAULT) -> dict[str, Any]:
+    """What one tensor of ``nbytes`` gets from an empty allocator.
+
+    Returns:
+        dict with request_bytes, rounded_bytes, pool, block_bytes (may exceed the rounded
+        size when a large-pool remainder of at most 1 MiB is not split off),
+        segment_bytes (segment or mapped pages), remainder_bytes (free tail in that
+        segment) and split (whether the tail became a separate free block).
+    """
+    model = CachingAllocatorModel(config)
+    block = model.malloc(nbytes)
+    seg = model.segments()[0]
+    rounded = round_size(nbytes, config)
+    return {
+        "request_bytes": nbytes, "rounded_bytes": rounded, "pool": pool_of(rounded),
+        "block_bytes": block.size, "segment_bytes": seg["total_size"],
+        "remainder_bytes": seg["total_size"] - block.size, "split": len(seg["blocks"]) > 1,
+    }
+
+
+def compact_layout(segments: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Segments in the post's short notation, e.g. ['large:32M[16f 16A]', 'small:2M[0.5A 1.5f]'].
+
+    Sizes are in MiB (up to 4 significant digits), A = allocated, f = free, P = freed but
+    waiting on an event. Useful to compare layouts regardless of addresses.
+    """
+    def mib(n: int) -> str:
+        return f"{n / MiB:.4g}"
+
+    marks = {STATE_ALLOCATED: "A", STATE_FREE: "f", "active_pending_free": "P"}
+    return [f"{s['pool']}:{mib(s['total_size'])}M[" + " ".join(f"{mib(b['size'])}{marks.get(b['state'], '?')}"
+                                                                for b in s["blocks"]) + "]" for s in segments]

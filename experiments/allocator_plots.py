@@ -1,0 +1,361 @@
+"""Figures and tables of chapter 1 (imported into :mod:`experiments.allocator`).
+
+Every ``plot_*`` function takes a :class:`~experiments.registry.Result` (or a list of
+them) and returns a matplotlib Figure with the provenance footer; the ``*_table``
+functions return a small object that notebooks show as an HTML table and ``print``
+shows as text. Sizes on axes are in MiB.
+"""
+from __future__ import annotations
+
+import html
+from typing import Any, Mapping, Sequence
+
+from .allocator_model import MiB, compact_layout, format_bytes
+from .allocator_snapshot import oom_rows
+from .plotting import PALETTE, memory_timeline, new_figure, segment_map, stamp
+
+ORDER_LABELS = {"small_first": "small tensors first", "large_first": "large tensors first",
+                "increasing": "increasing batch size", "decreasing": "decreasing batch size"}
+
+
+class Table:
+    """Rows of text shown as an HTML table in a notebook and as aligned text by ``print``."""
+
+    def __init__(self, header: Sequence[str], rows: Sequence[Sequence[Any]], caption: str = ""):
+        self.header = [str(h) for h in header]
+        self.rows = [[str(c) for c in r] for r in rows]
+        self.caption = caption
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def _repr_html_(self) -> str:
+        head = "".join(f"<th style='text-align:left'>{html.escape(h)}</th>" for h in self.header)
+        body = "".join("<tr>" + "".join(f"<td style='text-align:left'>{html.escape(c)}</td>" for c in r) + "</tr>"
+                       for r in self.rows)
+        cap = f"<caption style='caption-side:bottom;font-size:85%'>{html.escape(self.caption)}</caption>" if self.caption else ""
+        return f"<table>{cap}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+    def __str__(self) -> str:
+        widths = [max(len(x) for x in col) for col in zip(self.header, *self.rows)]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in [self.header, *self.rows]]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        return "\n".join(lines + ([self.caption] if self.caption else []))
+
+    __repr__ = __str__
+
+
+def _mib(n: float) -> float:
+    return n / MiB
+
+
+# ----------------------------------------------------------------------------- request table, anatomy
+
+def request_table_html(result: Any) -> Table:
+    """The probes of ``alloc.request_table`` as a table: request, block, pool, segment, free tail."""
+    rows = []
+    for p in result.data["probes"]:
+        pred = p["predicted"]
+        same = (p["block_bytes"], p["segment_bytes"], p["pool"]) == (pred["block_bytes"], pred["segment_bytes"], pred["pool"])
+        tail = format_bytes(p["remainder_bytes"]) if p["remainder_bytes"] else "none"
+        block = format_bytes(p["block_bytes"])
+        if p["block_bytes"] > pred["rounded_bytes"]:
+            block += f" ({format_bytes(p['block_bytes'] - pred['rounded_bytes'])} unsplit)"
+        rows.append([format_bytes(p["request_bytes"]), format_bytes(pred["rounded_bytes"]), block, p["pool"],
+                     format_bytes(p["segment_bytes"]), tail, "yes" if same else "NO"])
+    return Table(["request", "rounded", "block", "pool", "segment", "free tail", "as the model predicts"], rows,
+                 caption=result.caption())
+
+
+def plot_request_table(result: Any) -> Any:
+    """For each probe size (rows): the request, the block it got and its segment, on a log scale."""
+    probes = result.data["probes"]
+    fig, ax = new_figure(width=7.5, height=0.28 * len(probes) + 1.4)
+    for i, p in enumerate(probes):
+        color = PALETTE[0] if p["pool"] == "small" else PALETTE[1]
+        ax.barh(i, p["segment_bytes"] - 1, left=1, height=0.7, color=color, alpha=0.25)
+        ax.barh(i, p["block_bytes"] - 1, left=1, height=0.7, color=color)
+        ax.plot([p["request_bytes"]], [i], marker="|", color="black", markersize=9)
+    ax.set_xscale("log")
+    ax.set_yticks(range(len(probes)))
+    ax.set_yticklabels([format_bytes(p["request_bytes"]) for p in probes], fontsize=8)
+    ax.invert_yaxis()
+    for boundary in (2**20, 10 * 2**20):
+        ax.axvline(boundary, color="#888888", linestyle=":", linewidth=1)
+    ticks = [1, 512, 2**10 * 100, 2**20, 10 * 2**20, 100 * 2**20]
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([format_bytes(t) for t in ticks], fontsize=8)
+    ax.set_xlabel("bytes (log scale): | request, dark bar block, light bar segment")
+    ax.grid(axis="y", visible=False)
+    from matplotlib.patches import Patch
+
+    ax.legend(handles=[Patch(color=PALETTE[0], label="small pool"), Patch(color=PALETTE[1], label="large pool")],
+              loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    ax.set_title("Each request's block (dark) and segment (light)")
+    return stamp(fig, result)
+
+
+def plot_segments(segments: Sequence[Mapping[str, Any]], *, title: str = "", source: Any = None) -> Any:
+    """A segment map of any layout, e.g. ``parse_segments(torch.cuda.memory._snapshot())``.
+
+    Args:
+        segments: plain segment dicts (:func:`experiments.allocator_snapshot.parse_segments`).
+        title: shown above the map (may have two lines).
+        source: a Result, or a string for the footer (default: 'your snapshot').
+    """
+    if not segments:
+        fig, ax = new_figure(height=1.4)
+        ax.text(0.5, 0.5, "no segments", ha="center", va="center", transform=ax.transAxes)
+        ax.set_axis_off()
+    else:
+        labelled = [{**s, "label": f"{s['pool']}{' (exp.)' if s.get('is_expandable') else ''} · "
+                                   f"{format_bytes(s['total_size'])}"} for s in segments]
+        fig = segment_map(labelled)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return stamp(fig, source if source is not None else "your snapshot")
+
+
+def plot_anatomy(result: Any) -> Any:
+    """Segment map of ``alloc.anatomy``: the measured layout, with the model's verdict."""
+    d = result.data
+    summary = f"{d['count']} × {format_bytes(d['request_bytes'])} → blocks of {format_bytes(d['rounded_bytes'])} or more"
+    verdict = "the model predicts exactly this layout" if d["matches_model"] else (
+        "the model predicted " + ", ".join(compact_layout(d["predicted_segments"])))
+    return plot_segments(d["segments"], title=f"{summary}; {verdict}", source=result)
+
+
+# ----------------------------------------------------------------------------- timeline
+
+def plot_timeline(result: Any) -> Any:
+    """Allocated and reserved MiB after every operation, one panel per order, model dotted."""
+    d = result.data
+    fig, axes = new_figure(2, 1, width=8.0, height=5.6, sharex=True)
+    small, large = format_bytes(d["small_bytes"]), format_bytes(d["large_bytes"])
+    for k, (ax, order) in enumerate(zip(axes, ("small_first", "large_first"))):
+        o = d["orders"][order]
+        # one extra x position so the value after the last operation shows as a step too
+        steps = list(range(1, len(o["labels"]) + 2))
+        ext = lambda xs: list(xs) + [xs[-1]]  # noqa: E731
+        memory_timeline(steps, {"allocated": ext(o["allocated_bytes"]), "reserved": ext(o["reserved_bytes"])},
+                        marks=[(o["empty_cache_step"] + 1, "empty_cache()")], ax=ax, xlabel="")
+        ax.plot(steps, [_mib(v) for v in ext(o["predicted_reserved_bytes"])], linestyle=":", color="black",
+                drawstyle="steps-post", linewidth=1.2, label="reserved, model")
+        for end in o["phase_ends"][:-2]:
+            ax.axvline(end + 2, color="#bbbbbb", linewidth=0.8)
+        if k == 0:
+            ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+        else:
+            ax.get_legend().remove()
+        first, second = (f"8 × {small}", f"4 × {large}") if order == "small_first" else (f"4 × {large}", f"8 × {small}")
+        peak = max(o["reserved_bytes"][: o["phase_ends"][2] + 1])
+        ax.set_title(f"{ORDER_LABELS[order]}: {first}, free, {second} → {format_bytes(peak)} reserved", fontsize=10)
+    axes[-1].set_xlabel("operation (grey lines separate the phases: alloc, free, alloc, free, empty_cache)")
+    return stamp(fig, result)
+
+
+def plot_sequence(run: Mapping[str, Any], *, title: str = "") -> Any:
+    """Allocated and reserved MiB after each operation of :func:`experiments.allocator.try_sequence`
+    (the model as lines; the measurement, when there is one, as dots)."""
+    fig, ax = new_figure(width=7.0, height=3.4)
+    pred = run["predicted"]
+    n = len(pred["labels"])
+    steps = list(range(1, n + 2))
+    series = {"allocated, model": pred["allocated_bytes"] + pred["allocated_bytes"][-1:],
+              "reserved, model": pred["reserved_bytes"] + pred["reserved_bytes"][-1:]}
+    memory_timeline(steps, series, ax=ax, xlabel="operation", title=title)
+    measured = run.get("measured")
+    if measured:
+        m = len(measured["labels"])
+        ax.plot([i + 0.5 for i in range(1, m + 1)], [_mib(v) for v in measured["reserved_bytes"]], "o",
+                color="black", markersize=4, label="reserved, measured")
+        ax.legend(loc="upper left", fontsize=8)
+    if n <= 16:
+        ax.set_xticks([i + 0.5 for i in range(1, n + 1)])
+        ax.set_xticklabels(pred["labels"], rotation=30, ha="right", fontsize=7)
+    return stamp(fig, run.get("source", "model prediction"))
+
+
+# ----------------------------------------------------------------------------- fragmentation / OOM
+
+PATTERN_ORDER = ("shrink", "interleave", "grouped")
+
+
+def oom_table(result: Any) -> Table:
+    """One row per pattern of ``alloc.fragmentation_oom``: what happened to the 64 MiB request."""
+    d = result.data
+    rows = []
+    for name in PATTERN_ORDER:
+        p = d["patterns"][name]
+        unalloc = p["reserved_unallocated_at_failure_bytes"]
+        rows.append([name, p["description"], "out of memory" if p["oom"] else "fits",
+                     "out of memory" if p["predicted_oom"] else "fits",
+                     f"{_mib(p['reserved_before_request_bytes']):.0f}", f"{_mib(p['allocated_before_request_bytes']):.0f}",
+                     "-" if unalloc is None else f"{_mib(unalloc):.0f}"])
+    return Table(["pattern", "what it does", "64 MiB request (measured)", "model", "reserved before (MiB)",
+                  "allocated before (MiB)", "reserved but unallocated at the failure (MiB)"], rows,
+                 caption=f"Memory cap {format_bytes(d['cap_bytes'])}. {result.caption()}")
+
+
+def oom_figures_table(result: Any, pattern: str = "interleave") -> Table:
+    """The figures of one pattern's out-of-memory message, one per row (MiB / GiB)."""
+    p = result.data["patterns"][pattern]
+    if not p["oom"]:
+        return Table(["figure", "value"], [["outcome", "no out-of-memory error: the request fitted"]],
+                     caption=result.caption())
+    if p["figures"] is None:
+        return Table(["figure", "value"], [["message (not parsed)", p["message"]]], caption=result.caption())
+    return Table(["what the message says", "value"], oom_rows(p["figures"]), caption=result.caption())
+
+
+def plot_fragmentation_oom(result: Any, pattern: str = "interleave") -> Any:
+    """Left: the segments after the 64 MiB request of ``pattern`` (at the failure, if it
+    failed). Right: for every pattern, reserved and allocated MiB before the request,
+    against the cap, marked 'OOM' or 'fits'.
+
+    Raises:
+        ValueError: an unknown pattern.
+    """
+    d = result.data
+    if pattern not in d["patterns"]:
+        raise ValueError(f"pattern must be one of {list(d['patterns'])}, got {pattern!r}")
+    p = d["patterns"][pattern]
+    segs = p["segments_after"]
+    fig, (left, right) = new_figure(1, 2, width=10.0, height=max(3.2, 0.3 * len(segs) + 1.6),
+                                    gridspec_kw={"width_ratios": [3, 2]})
+    outcome = "out of memory" if p["oom"] else "fits"
+    setting = "expandable segments" if result.params.get("expandable") else "default settings"
+    segment_map(segs, ax=left)
+    fig.suptitle(f"'{pattern}', {setting}: the 64 MiB request → {outcome}. Left: the segments "
+                 f"{'at the failure' if p['oom'] else 'after it'}; right: all three patterns", fontsize=10)
+    names = [n for n in PATTERN_ORDER if n in d["patterns"]]
+    x = range(len(names))
+    reserved = [_mib(d["patterns"][n]["reserved_before_request_bytes"]) for n in names]
+    allocated = [_mib(d["patterns"][n]["allocated_before_request_bytes"]) for n in names]
+    right.bar([i - 0.2 for i in x], reserved, width=0.4, color=PALETTE[1], label="reserved")
+    right.bar([i + 0.2 for i in x], allocated, width=0.4, color=PALETTE[0], label="allocated")
+    right.axhline(_mib(d["cap_bytes"]), color=PALETTE[3], linestyle="--", linewidth=1, label="cap")
+    for i, n in enumerate(names):
+        right.annotate("OOM" if d["patterns"][n]["oom"] else "fits", (i, _mib(d["cap_bytes"])), ha="center",
+                       va="bottom", fontsize=9, fontweight="bold",
+                       color=PALETTE[3] if d["patterns"][n]["oom"] else PALETTE[2], xytext=(0, 3),
+                       textcoords="offset points")
+    right.set_xticks(list(x))
+    right.set_xticklabels(names)
+    right.set_ylabel("before the request (MiB)")
+    right.set_ylim(0, _mib(d["cap_bytes"]) * 1.18)
+    right.legend(loc="lower right", fontsize=8)
+    right.grid(axis="x", visible=False)
+    return stamp(fig, result)
+
+
+# ----------------------------------------------------------------------------- CUDA graph pools
+
+def plot_graph_pools(results: Any) -> Any:
+    """Reserved growth while capturing one graph per batch size into a shared pool.
+
+    Args:
+        results: one ``alloc.graph_pools`` Result or a list of them (e.g. without and with
+            expandable segments). Left: growth after each capture; right: the totals.
+    """
+    results = list(results) if isinstance(results, (list, tuple)) else [results]
+    fig, (left, right) = new_figure(1, 2, width=10.0, height=3.6, gridspec_kw={"width_ratios": [3, 2]})
+    labels, totals, colors = [], [], []
+    styles = {"increasing": "-", "decreasing": "--"}
+    for k, r in enumerate(results):
+        setting = "expandable" if r.params.get("expandable") else "default"
+        for order in ("increasing", "decreasing"):
+            o = r.data[order]
+            color = PALETTE[(2 * k + (order == "decreasing")) % len(PALETTE)]
+            left.plot(range(1, len(o["growth_after_each_bytes"]) + 1), [_mib(v) for v in o["growth_after_each_bytes"]],
+                      styles[order], marker="o", markersize=3, color=color, label=f"{setting}, {order}")
+            labels.append(f"{setting}\n{order}")
+            totals.append(_mib(o["reserved_growth_bytes"]))
+            colors.append(color)
+    left.set_xlabel("graphs captured")
+    left.set_ylabel("reserved growth (MiB)")
+    left.legend(loc="upper left", fontsize=8)
+    rects = right.bar(labels, totals, color=colors)
+    for rect, v in zip(rects, totals):
+        right.annotate(f"{v:.0f}", (rect.get_x() + rect.get_width() / 2, v), ha="center", va="bottom", fontsize=8,
+                       xytext=(0, 2), textcoords="offset points")
+    right.set_ylabel("after all captures (MiB)")
+    right.tick_params(axis="x", labelsize=8)
+    right.grid(axis="x", visible=False)
+    d = results[0].data
+    fig.suptitle(f"{len(d['batch_sizes'])} CUDA graphs of an MLP (hidden {d['hidden']}, {d.get('dtype', '')}) "
+                 "in one shared pool", fontsize=10)
+    return stamp(fig, results)
+
+
+# ----------------------------------------------------------------------------- pool boundary
+
+def plot_pool_boundary(result: Any) -> Any:
+    """Left: reserved MiB after a freed 2 MiB block and a second request, against that request's
+    size (1 MiB line dashed). Right: the layout after eight freed 512 KiB tensors and a
+    1.5 MiB request."""
+    d = result.data
+    sw = d["sweep"]
+    fig, (left, right) = new_figure(1, 2, width=10.0, height=3.4, gridspec_kw={"width_ratios": [1, 1]})
+    xs = [_mib(n) for n in sw["sizes_bytes"]]
+    left.plot(xs, [_mib(v) for v in sw["reserved_bytes"]], "o-", color=PALETTE[1], label="reserved, measured")
+    left.plot(xs, [_mib(v) for v in sw["predicted_reserved_bytes"]], ":", color="black", label="model")
+    left.axvline(1.0, color=PALETTE[3], linestyle="--", linewidth=1)
+    left.annotate("1 MiB: small | large", (1.0, 0.02), xycoords=("data", "axes fraction"), rotation=90,
+                  fontsize=8, ha="right", va="bottom", color=PALETTE[3])
+    left.set_xlabel("second request (MiB), after a freed 2 MiB tensor")
+    left.set_ylabel("reserved (MiB)")
+    lo = min(_mib(v) for v in sw["reserved_bytes"] + sw["predicted_reserved_bytes"])
+    hi = max(_mib(v) for v in sw["reserved_bytes"] + sw["predicted_reserved_bytes"])
+    left.set_ylim(max(0.0, lo - 4), hi + 4)
+    left.legend(loc="upper right", fontsize=8)
+    s = d["small_to_large"]
+    labelled = [{**seg, "label": f"{seg['pool']} · {format_bytes(seg['total_size'])}"} for seg in s["segments_after"]]
+    segment_map(labelled, ax=right)
+    fig.suptitle(f"Left: a 2 MiB tensor freed, then a second request. Right: {s['small_count']} × "
+                 f"{format_bytes(s['small_bytes'])} freed, then {format_bytes(s['request_bytes'])}: reserved "
+                 f"{_mib(s['reserved_before_bytes']):.0f} → {_mib(s['reserved_after_bytes']):.0f} MiB", fontsize=10)
+    return stamp(fig, result)
+
+
+# ----------------------------------------------------------------------------- knobs
+
+def plot_knobs(result: Any) -> Any:
+    """One panel per knob: MiB reserved at the end of its workload with default settings,
+    with the knob, and with expandable segments (model values as black ticks)."""
+    d = result.data
+    names = list(d["knobs"])
+    fig, grid = new_figure(1, len(names), width=max(4.0, 3.4 * len(names)), height=3.4, squeeze=False)
+    axes = list(grid[0])
+    for ax, name in zip(axes, names):
+        k = d["knobs"][name]
+        runs = [("default", k["default"]), ("with the\nsetting", k["knob"]), ("expandable\nsegments", k["expandable"])]
+        keys = ["default", "knob", "expandable"]
+        values = [_mib(r["reserved_bytes"][-1]) if r else 0.0 for _, r in runs]
+        rects = ax.bar([label for label, _ in runs], values, color=[PALETTE[7], PALETTE[1], PALETTE[2]])
+        for rect, (label, r), key in zip(rects, runs, keys):
+            text = f"{rect.get_height():.0f}" if r else "not\nsupported"
+            ax.annotate(text, (rect.get_x() + rect.get_width() / 2, rect.get_height()), ha="center", va="bottom",
+                        fontsize=8, xytext=(0, 2), textcoords="offset points")
+            pred = k["predicted"][key][-1]
+            ax.plot([rect.get_x() + 0.1, rect.get_x() + rect.get_width() - 0.1], [_mib(pred)] * 2, color="black",
+                    linewidth=1.5)
+        ax.set_title(k["setting"], fontsize=10)
+        ax.tick_params(axis="x", labelsize=8)
+        ax.grid(axis="x", visible=False)
+        ax.set_ylim(0, max(values + [1.0]) * 1.25)
+    axes[0].set_ylabel("reserved at the end (MiB)")
+    fig.suptitle(f"Each knob on its own workload (memory cap {format_bytes(d['cap_bytes'])}; "
+                 "black ticks: the model)", fontsize=10)
+    return stamp(fig, result)
+
+
+def knobs_table(result: Any) -> Table:
+    """Workload, setting and reserved MiB at the end (default / knob / expandable) per knob."""
+    rows = []
+    for name, k in result.data["knobs"].items():
+        knob = f"{_mib(k['knob']['reserved_bytes'][-1]):.0f}" if k["knob"] else (k["unsupported"] or "not run")
+        rows.append([k["setting"], k["workload"], f"{_mib(k['default']['reserved_bytes'][-1]):.0f}", knob,
+                     f"{_mib(k['expandable']['reserved_bytes'][-1]):.0f}"])
+    return Table(["setting", "workload", "default (MiB)", "with the setting (MiB)", "expandable (MiB)"], rows,
+                 caption=result.caption())

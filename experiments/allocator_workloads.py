@@ -1,0 +1,118 @@
+"""The allocation patterns of chapter 1's experiments, as operation sequences.
+
+Each pattern is a list of operations for :func:`experiments.allocator_model.simulate`
+(the model) and :func:`experiments.allocator_gpu.run_ops` (the GPU), so the prediction
+and the measurement run exactly the same steps. Sizes are in bytes unless a name says MiB.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .allocator_model import KiB, MiB
+
+# One tensor each: every boundary of the rounding rules (allocator-rules.md §I.1).
+PROBE_SIZES = (1, 511, 512, 513, 1000, 100 * KiB, MiB - 1, MiB, MiB + 1, 2 * MiB, 5 * MiB, 10 * MiB - 1,
+               10 * MiB, 10 * MiB + 1, 11 * MiB, 19 * MiB + MiB // 2, 20 * MiB, 21 * MiB + 1, 100 * MiB + 3)
+
+# The sizes alloc.anatomy records: small, at and across 1 MiB, 1-10 MiB, and ones the split rule rounds.
+ANATOMY_SIZES = (1000.0, 102400.0, 1048576.0, 1048577.0, 5242880.0, 11534336.0, 20447232.0, 104857603.0)
+
+ORDERS = ("small_first", "large_first")
+
+
+def timeline_ops(order: str, small_mib: int) -> list[tuple[Any, ...]]:
+    """The post's two orders: 8 × s MiB and 4 × 2s MiB, one phase freed before the other.
+
+    Phase 1 allocates and frees one group; phase 2 allocates the other group, takes a
+    snapshot 'phase2', frees it; then ``empty_cache()``.
+
+    Raises:
+        ValueError: an unknown order or a size below 1 MiB.
+    """
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+    if small_mib < 1:
+        raise ValueError(f"small_mib must be >= 1 MiB, got {small_mib}")
+    small = [("alloc", f"s{i}", small_mib * MiB) for i in range(8)], [("free", f"s{i}") for i in range(8)]
+    large = [("alloc", f"L{i}", 2 * small_mib * MiB) for i in range(4)], [("free", f"L{i}") for i in range(4)]
+    first, second = (small, large) if order == "small_first" else (large, small)
+    return [*first[0], *first[1], *second[0], ("snapshot", "phase2"), *second[1], ("empty_cache",)]
+
+OOM_CAP_MIB = 384           # the memory cap of the fresh process (fits a 16 GB T4 and the H200 alike)
+OOM_FILL_MIB = 32           # phase-1 tensor size; 11 of them leave less than 64 MiB under the cap
+OOM_REQUEST_MIB = 64        # the request that should not fit
+OOM_FILL_COUNT = OOM_CAP_MIB // OOM_FILL_MIB - 1
+OOM_PATTERNS = {
+    "shrink": "11 × 32 MiB allocated and freed; then 11 × 24 MiB kept (each reuses a cached 32 MiB "
+              "segment and leaves an 8 MiB tail); then one 64 MiB request",
+    "interleave": "11 × 32 MiB allocated and freed; then 22 × 16 MiB in pairs (one kept, one temporary), "
+                  "the temporaries freed; then one 64 MiB request",
+    "grouped": "the same tensors as 'interleave', but all kept ones first and the temporaries after them; "
+               "then one 64 MiB request",
+}
+
+
+def oom_ops(pattern: str) -> list[tuple[Any, ...]]:
+    """The operations of one fragmentation pattern (see ``OOM_PATTERNS``).
+
+    Raises:
+        ValueError: an unknown pattern.
+    """
+    if pattern not in OOM_PATTERNS:
+        raise ValueError(f"pattern must be one of {sorted(OOM_PATTERNS)}, got {pattern!r}")
+    k = OOM_FILL_COUNT
+    ops: list[tuple[Any, ...]] = [("alloc", f"p{i}", OOM_FILL_MIB * MiB) for i in range(k)]
+    ops += [("free", f"p{i}") for i in range(k)]
+    if pattern == "shrink":
+        ops += [("alloc", f"a{i}", 24 * MiB) for i in range(k)]
+    elif pattern == "interleave":
+        for i in range(k):
+            ops += [("alloc", f"keep{i}", 16 * MiB), ("alloc", f"tmp{i}", 16 * MiB)]
+        ops += [("free", f"tmp{i}") for i in range(k)]
+    else:
+        ops += [("alloc", f"keep{i}", 16 * MiB) for i in range(k)]
+        ops += [("alloc", f"tmp{i}", 16 * MiB) for i in range(k)]
+        ops += [("free", f"tmp{i}") for i in range(k)]
+    return ops + [("snapshot", "before_request"), ("alloc", "request", OOM_REQUEST_MIB * MiB),
+                  ("snapshot", "after_request")]
+
+# The post's CUDA-graph lab: one graph per batch size of an MLP with this hidden size.
+GRAPH_BATCH_SIZES = (256, 512, 768, 1024, 1536, 2048, 3072, 4096)
+GRAPH_HIDDEN = 4096
+
+BOUNDARY_SIZES = (256 * KiB, 512 * KiB, 768 * KiB, MiB, MiB + 1, MiB + MiB // 4, MiB + MiB // 2, 2 * MiB, 3 * MiB,
+                  4 * MiB)
+SMALL_COUNT, SMALL_SIZE_B, BIG_REQUEST_B = 8, 512 * KiB, MiB + MiB // 2
+
+
+def boundary_sequences() -> dict[str, list[tuple[Any, ...]]]:
+    """'sweep_<bytes>': a 2 MiB tensor freed, then one of ``BOUNDARY_SIZES``; and
+    'small_to_large': eight 512 KiB tensors freed, then a 1.5 MiB request."""
+    seqs: dict[str, list[tuple[Any, ...]]] = {
+        f"sweep_{n}": [("alloc", "first", 2 * MiB), ("free", "first"), ("alloc", "second", n), ("snapshot", "end")]
+        for n in BOUNDARY_SIZES}
+    seqs["small_to_large"] = ([("alloc", f"s{i}", SMALL_SIZE_B) for i in range(SMALL_COUNT)]
+                              + [("free", f"s{i}") for i in range(SMALL_COUNT)]
+                              + [("snapshot", "freed"), ("alloc", "big", BIG_REQUEST_B), ("snapshot", "after")])
+    return seqs
+
+KNOB_CAP_MIB = 384           # the garbage-collection threshold needs a cap; every knob run uses the same one
+KNOBS: dict[str, dict[str, Any]] = {
+    "max_split_size_mb": {
+        "setting": {"max_split_size_mb": 64},
+        "workload": "a 160 MiB tensor freed; then a 30 MiB tensor kept; then a 150 MiB request",
+        "ops": [("alloc", "a", 160 * MiB), ("free", "a"), ("alloc", "b", 30 * MiB), ("alloc", "c", 150 * MiB)],
+    },
+    "roundup_power2_divisions": {
+        "setting": {"roundup_power2_divisions": 4},
+        "workload": "a growing tensor: 33, 35, 37 and 39 MiB, each freed before the next",
+        "ops": [op for i, m in enumerate((33, 35, 37, 39))
+                for op in (("alloc", f"x{i}", m * MiB), ("free", f"x{i}"))],
+    },
+    "garbage_collection_threshold": {
+        "setting": {"garbage_collection_threshold": 0.5},
+        "workload": "ten 30 MiB tensors freed; then a 40 MiB request (cap 384 MiB, so the threshold is 192 MiB)",
+        "ops": ([("alloc", f"g{i}", 30 * MiB) for i in range(10)] + [("free", f"g{i}") for i in range(10)]
+                + [("alloc", "big", 40 * MiB)]),
+    },
+}

@@ -1,0 +1,230 @@
+"""Self-checking exercises of chapter 3 (pinned memory).
+
+Each ``check_*`` returns a :class:`~experiments.checks.Feedback`; ``None`` as the answer
+means "not answered yet". :func:`check_loader` runs the reader's loader on the GPU (and
+says so, without failing, where there is none); :func:`judge_loader` is its verdict on
+the measured numbers, kept separate so it can be tested without a GPU.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Iterable, Iterator, Mapping
+
+from .checks import Feedback, check_choice, check_number, combine, unanswered
+from .device import has_cuda
+from .pinned_support import LIFECYCLE_STEPS, MiB, simulate_lifecycle
+
+# ---------------------------------------------------------------- 1. predict the owned bytes
+
+_PIN_E = 5         # index of "e = pin 3 MiB" in LIFECYCLE_STEPS
+_EMPTY_DEVICE = 7  # index of "torch.cuda.empty_cache()"
+
+
+def owned_answers_mib() -> dict[str, float]:
+    """The model's owned MiB after 'pin e' and after torch.cuda.empty_cache() (1 MiB units)."""
+    model = simulate_lifecycle(LIFECYCLE_STEPS, unit_bytes=MiB)
+    return {"after_e": model[_PIN_E]["owned_bytes"] / MiB,
+            "after_device_empty_cache": model[_EMPTY_DEVICE]["owned_bytes"] / MiB}
+
+
+def check_owned_prediction(after_e: Any, after_device_empty_cache: Any) -> Feedback:
+    """Exercise: predict the pinned MiB the host allocator owns in the lifecycle script.
+
+    Args:
+        after_e: owned MiB right after ``e = pin 3 MiB``.
+        after_device_empty_cache: owned MiB right after ``torch.cuda.empty_cache()``.
+    """
+    want = owned_answers_mib()
+    part1 = check_number(
+        after_e, want["after_e"], name="owned MiB after e = pin 3 MiB", unit="MiB", abs_tol=0.01,
+        hints=[(13, "That is the sum of the live requests (3 + 5 + 2 + 3): blocks are powers of two, and the "
+                    "allocator counts what it owns, not what was asked for."),
+               (16, "That is the sum of every request. Round each up to a power of two first."),
+               (22, "Close: 4 + 4 + 8 + 2 + 4. But e's request (3 MiB -> a 4 MiB block) finds a's freed 4 MiB "
+                    "block in the cache, so no new block is pinned."),
+               (14, "Remember that d's 2 MiB request gets a block of its own: blocks are never split.")],
+        explanation="a and b take 4 MiB blocks, c an 8 MiB block; del a caches a's block; d needs a new "
+                    "2 MiB block; e reuses a's cached 4 MiB block.")
+    part2 = check_number(
+        after_device_empty_cache, want["after_device_empty_cache"], name="owned MiB after torch.cuda.empty_cache()",
+        unit="MiB", abs_tol=0.01,
+        hints=[(0, "torch.cuda.empty_cache() releases cached *device* memory only; pinned blocks need the host "
+                   "allocator's own call."),
+               (13, "After del all nothing is handed out, but every block is still cached and owned.")],
+        explanation="Dropping every tensor and emptying the device cache leave all pinned blocks cached.")
+    return combine([part1, part2])
+
+
+# ---------------------------------------------------------------- 2. guarding a reused buffer
+
+OVERWRITE_OPTIONS = {
+    "a": "torch.cuda.empty_cache()",
+    "b": "torch.cuda.synchronize()",
+    "c": "done.synchronize(), where done = torch.cuda.Event() was recorded right after the copy",
+    "d": "del buf (and keep using the data through another name)",
+    "e": "nothing: a non_blocking copy reads the source before it returns",
+}
+
+
+def check_overwrite_guard(answer: Any) -> Feedback:
+    """Exercise: which call, between the copy and the host's next write into ``buf``, makes
+    the write safe while blocking the host the least? (options in ``OVERWRITE_OPTIONS``)"""
+    return check_choice(answer, "c", name="your option", explanations={
+        "a": "No: empty_cache() returns cached device blocks to the driver. It neither waits for the copy nor "
+             "protects the pinned buffer.",
+        "b": "Safe, but not the cheapest: synchronize() waits for everything queued on every stream, including "
+             "work queued after the copy (the experiment measured about twice the wait of the event).",
+        "c": "Yes. The event completes when the stream reaches the point right after the copy, so the host waits "
+             "for the copy and nothing queued behind it.",
+        "d": "No: del only drops a name. The allocator defers *reuse of a freed block*; writes through another "
+             "reference to the same memory still race with the copy.",
+        "e": "No: from pinned memory the DMA engine reads the buffer when the stream reaches the copy, possibly "
+             "long after the call returned. (A pageable source is staged during the call.)",
+    })
+
+
+# ---------------------------------------------------------------- 3. rounding
+
+def check_rounding(answer_gib: Any) -> Feedback:
+    """Exercise: GiB of pinned memory one ``pin_memory()`` of a 2.08 GiB tensor occupies."""
+    return check_number(
+        answer_gib, 4.0, name="pinned GiB for a 2.08 GiB request", unit="GiB", rel_tol=0.01,
+        hints=[(2.08, "That is the request. The host caching allocator hands out power-of-two blocks."),
+               (2.0, "A block smaller than the request cannot hold it; the rounding goes up."),
+               (3.0, "3 GiB is not a power of two; the next one above 2.08 is 4.")],
+        explanation="2.08 GiB rounds up to 4 GiB: nearly half of it is waste, which is why vLLM pins its KV "
+                    "offload buffers with cudaHostRegister instead.")
+
+
+# ---------------------------------------------------------------- 4. graph replay
+
+def check_graph_replay(answer: Any) -> Feedback:
+    """Exercise: after capture (stage = 1), ``stage.fill_(3.0)``, then
+    ``stage = torch.full_like(stage, 7.0).pin_memory()``: what does the next replay deliver?"""
+    return check_number(
+        answer, 3.0, name="value the replay copies", abs_tol=1e-9,
+        hints=[(7.0, "The graph does not know Python names: it copies from the address it captured, and "
+                     "rebinding `stage` leaves that buffer (still holding 3) where it was."),
+               (1.0, "The in-place fill_(3.0) wrote into the captured buffer itself, so replays see it.")],
+        explanation="Replays read the captured address. In-place edits show up; a new tensor does not. Keep the "
+                    "captured buffer alive and copy new data into it.")
+
+
+# ---------------------------------------------------------------- 5. a double-buffered loader
+
+LoaderFn = Callable[[Iterable[Any], int], Iterator[Any]]
+
+
+def _run_loader(loader: LoaderFn, *, n_buffers: int, n_batches: int, batch_mib: int, queued_ms: float,
+                compute_ms: float) -> dict[str, Any]:
+    """Feed ``loader`` pageable batches filled with k+1 and check what it yields on the GPU.
+
+    Phase 1: the GPU is busy with ``queued_ms`` of earlier work; the harness times how long
+    the loader takes to hand over ``n_buffers`` batches, then queues ``compute_ms`` and a
+    checksum per batch on the current stream. Phase 2: no earlier work and no compute, so
+    a missing stream wait shows up as wrong data.
+    """
+    import torch
+
+    from .measure import gpu_sleep
+
+    numel = batch_mib * MiB // 4
+    report: dict[str, Any] = {"n_batches": n_batches, "n_buffers": n_buffers, "queued_ms": queued_ms,
+                              "yielded": [], "wrong_batches": [], "ahead_ms": None, "problem": None}
+    for phase, (q_ms, c_ms) in enumerate(((queued_ms, compute_ms), (0.0, 0.0)), start=1):
+        batches = [torch.full((numel,), float(k + 1)) for k in range(n_batches)]
+        wrong = torch.zeros(n_batches, dtype=torch.int64, device="cuda")
+        gpu_sleep(0.1)
+        torch.cuda.synchronize()
+        gpu_sleep(q_ms)
+        t0 = time.perf_counter()
+        count = 0
+        try:
+            for k, out in enumerate(loader(iter(batches), n_buffers)):
+                if k == n_buffers - 1 and phase == 1:
+                    report["ahead_ms"] = (time.perf_counter() - t0) * 1e3
+                if k >= n_batches:
+                    report["problem"] = f"it yielded more than the {n_batches} batches it was given"
+                    break
+                if not isinstance(out, torch.Tensor) or not out.is_cuda or out.numel() != numel:
+                    what = type(out).__name__ if not isinstance(out, torch.Tensor) else \
+                        f"a tensor on {out.device} with {out.numel()} elements"
+                    report["problem"] = f"batch {k} is {what}, not a CUDA tensor with {numel} elements"
+                    break
+                gpu_sleep(c_ms)
+                wrong[k] = (out.reshape(-1) != float(k + 1)).sum()
+                count += 1
+                del out
+        except Exception as e:  # the reader's code: report, don't crash the page
+            report["problem"] = f"your loader raised {type(e).__name__}: {e}"
+        torch.cuda.synchronize()
+        report["yielded"].append(count)
+        report["wrong_batches"].append([k for k, w in enumerate(wrong.tolist()) if w and k < count])
+        if report["problem"]:
+            break
+    return report
+
+
+def judge_loader(report: Mapping[str, Any]) -> Feedback:
+    """Verdict on a loader run (the dict :func:`_run_loader` returns).
+
+    Correct means: no error, every batch handed over, every batch equal to its source on
+    the device, and ``n_buffers`` batches handed over in under a quarter of the GPU work
+    that was queued ahead (the loader did not wait for the GPU).
+    """
+    n, nb = report["n_batches"], report["n_buffers"]
+    if report.get("problem"):
+        return Feedback(False, f"Not yet: {report['problem']}.", dict(report))
+    for phase, (count, wrong) in enumerate(zip(report["yielded"], report["wrong_batches"]), start=1):
+        if count != n:
+            return Feedback(False, f"Your loader yielded {count} of the {n} batches (pass {phase}); it must "
+                                   "yield one CUDA tensor per input batch, in order.", dict(report))
+        if wrong:
+            hint = ("the host refilled a pinned buffer before the copy that reads it had run: wait on that "
+                    "buffer's event before refilling it" if phase == 1 else
+                    "the data was read before the copy finished: make the current stream wait for the copy "
+                    "(torch.cuda.current_stream().wait_event(ev) or wait_stream)")
+            return Feedback(False, f"Batches {wrong[:5]} arrived with wrong data (pass {phase}): {hint}.",
+                            dict(report))
+    ahead, queued = report["ahead_ms"], report["queued_ms"]
+    if ahead is None or ahead > 0.25 * queued:
+        shown = "never" if ahead is None else f"after {ahead:.1f} ms"
+        return Feedback(False, f"Correct data, but the first {nb} batches came {shown} while the GPU was busy "
+                               f"with {queued:.0f} ms of earlier work: the loader waited for the GPU. Look for a "
+                               "synchronize(), a blocking or pageable copy, or a single staging buffer.",
+                        dict(report))
+    return Feedback(True, f"All {n} batches arrived intact, and {nb} of them were ready {ahead:.1f} ms into "
+                          f"{queued:.0f} ms of queued GPU work: the copies run while the host prepares the "
+                          "next batch.", dict(report))
+
+
+def check_loader(loader: Any, *, n_buffers: int = 2, n_batches: int = 8, batch_mib: int = 16,
+                 queued_ms: float = 200.0, compute_ms: float = 2.0) -> Feedback:
+    """Exercise: run the reader's double-buffered loader on the GPU and judge it.
+
+    Args:
+        loader: ``loader(batches, n_buffers)``, a generator that takes an iterator of pageable
+            CPU float32 tensors and yields each as a CUDA tensor ready on the current stream.
+        n_buffers: pinned staging buffers the loader may use (>= 2 to pass).
+        batch_mib: size of each batch in MiB (16 MiB: large enough that a pageable copy
+            blocks on current drivers).
+        queued_ms: GPU work queued before the loader starts.
+
+    Returns:
+        Feedback; ``correct`` None when unanswered or when no GPU is visible.
+    """
+    if loader is None:
+        return unanswered("your loader function")
+    if not callable(loader):
+        return Feedback(False, f"Expected a function loader(batches, n_buffers), got {type(loader).__name__}.")
+    if n_buffers < 2:
+        raise ValueError(f"n_buffers must be >= 2 for a double-buffered loader, got {n_buffers}")
+    if not has_cuda():
+        return Feedback(None, f"This check runs your loader on a GPU: it feeds it {n_batches} batches of "
+                              f"{batch_mib} MiB twice, once while the GPU is busy, and checks every batch on the "
+                              "device. No CUDA GPU is visible here; run the notebook in Colab with a GPU runtime.")
+    from .device import check_fits
+
+    check_fits("batch_mib", (2 * n_buffers + n_batches) * batch_mib * MiB)
+    return judge_loader(_run_loader(loader, n_buffers=n_buffers, n_batches=n_batches, batch_mib=batch_mib,
+                                    queued_ms=queued_ms, compute_ms=compute_ms))

@@ -1,0 +1,231 @@
+"""Exercise checks for chapter 2 (cross-stream memory). Each returns a
+:class:`~experiments.checks.Feedback`; ``None`` as the answer means "not answered yet".
+
+Checks that compare with a measurement use the ``streams.*`` result passed in, or run
+(on a GPU) or read (recorded, without one) the experiment's default point.
+:func:`check_event_handoff` runs the reader's code and therefore needs a GPU.
+"""
+from __future__ import annotations
+
+import statistics
+from typing import Any, Callable, Mapping, Sequence
+
+from . import registry
+from .checks import Feedback, check_choice, check_number, unanswered
+from .device import check_fits, has_cuda
+from .registry import Result
+from .streams_pipeline import MiB, STRATEGIES, buffer_numel, reference_handoff, run_handoff, warm_up
+
+def _result(exp_id: str, result: Result | None, **params: Any) -> Result:
+    return result if result is not None else registry.run(exp_id, cache=True, **params)
+
+
+def _point_index(d: Mapping[str, Any], consumer_ms: float, host_delay_ms: float) -> int:
+    for k, pt in enumerate(d["points"]):
+        if pt["consumer_ms"] == consumer_ms and pt["host_delay_ms"] == host_delay_ms:
+            return k
+    raise LookupError(f"the run-ahead sweep has no point with consumer_ms={consumer_ms}, "
+                      f"host_delay_ms={host_delay_ms}")
+
+
+_BLOCK_WHY = {
+    "unprotected": "Unprotected: the freed block goes straight back to the producer stream's pool, and the next "
+                   "all-gather on that stream takes it, so one block serves every layer. That reuse is the bug.",
+    "stall": "Stall: the host waits for the consumer before it frees, so the next allocation reuses the same, "
+             "now idle, block: one block.",
+    "record_stream": "record_stream: a parked block comes back only when a later allocation polls its event and "
+                     "finds it complete. The host allocates every layer within a fraction of a millisecond, long "
+                     "before the first consumer finishes, so each layer gets a new block.",
+    "event": "Event handoff: the kept consumed buffer(s) plus the one being filled; the oldest is released only "
+             "after the producer stream waits on its event, and the next all-gather reuses it.",
+}
+
+
+def check_block_predictions(answer: Mapping[str, int] | None, result: Result | None = None) -> Feedback:
+    """Exercise: predict the distinct buffer blocks per trial for each strategy.
+
+    Args:
+        answer: {'unprotected': n, 'stall': n, 'record_stream': n, 'event': n}, or None.
+        result: a ``streams.strategies`` result; default: run (or read) the default point.
+
+    Exact answers are required, except for ``record_stream``, which may be off by one
+    (it depends on timing).
+    """
+    if answer is None:
+        return unanswered("a dict giving the number of distinct blocks for each strategy")
+    if not isinstance(answer, Mapping) or set(answer) != set(STRATEGIES):
+        return Feedback(False, f"Give a dict with exactly the keys {list(STRATEGIES)}, one whole number each.")
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in answer.values()):
+        return Feedback(False, "Each prediction should be a whole number of blocks.")
+    d = _result("streams.strategies", result).data
+    measured = {s: d["results"][s]["distinct_blocks"] for s in STRATEGIES}
+    wrong = [s for s in STRATEGIES
+             if abs(answer[s] - measured[s]) > (1 if s == "record_stream" else 0)]
+    details = {"answer": dict(answer), "measured": measured}
+    table = ", ".join(f"{s} {measured[s]}" for s in STRATEGIES)
+    if not wrong:
+        return Feedback(True, f"All four right (measured: {table}). {_BLOCK_WHY['record_stream']}", details)
+    why = " ".join(f"You said {answer[s]} for {s}, measured {measured[s]}. {_BLOCK_WHY[s]}" for s in wrong)
+    return Feedback(False, why, details)
+
+
+def check_peak_prediction(answer_mib: float | None, result: Result | None = None) -> Feedback:
+    """Exercise: predict record_stream's peak active memory (MiB above the start) with
+    32 layers of 64 MiB, 10 ms of GPU work and 5 ms of host work per layer.
+
+    Correct within 25 % of the measured value (``streams.runahead``, default point).
+    """
+    if answer_mib is None:
+        return unanswered("your predicted peak in MiB")
+    d = _result("streams.runahead", result).data
+    k = _point_index(d, 10.0, 5.0)
+    buf = d["buffer_bytes"] / MiB
+    expected = d["record_stream"]["peak_active_bytes"][k] / MiB
+    every = d["layers"] * buf
+    return check_number(
+        answer_mib, expected, name="record_stream's peak active memory", unit="MiB", rel_tol=0.25,
+        hints=[(every, "That is every layer's buffer, which needs the host to finish before the GPU completes "
+                       "any layer. Here the host issues a layer every 5 ms and the GPU finishes one every 10 ms, "
+                       "so by the last layer about half of the consumers are done."),
+               (buf, "One buffer is what you get when the host is slower than the GPU (compare the 20 ms point)."),
+               ((d["in_flight"] + 1) * buf, "That is the event handoff's fixed bound, not record_stream's.")],
+        explanation=f"The GPU falls behind by 5 ms per layer, so about half of the {d['layers']} blocks are still "
+                    f"parked when the last one is allocated.")
+
+
+def check_allocated_peak(answer_mib: float | None, result: Result | None = None) -> Feedback:
+    """Exercise: what does ``max_memory_allocated()`` report (MiB above the start) for
+    record_stream at the largest run-ahead (10 ms of GPU work, no host delay)?
+
+    Correct within 10 % (or 2 MiB) of the measured allocated peak.
+    """
+    if answer_mib is None:
+        return unanswered("the allocated peak in MiB")
+    d = _result("streams.runahead", result).data
+    k = _point_index(d, 10.0, 0.0)
+    buf = d["buffer_bytes"] / MiB
+    expected = d["record_stream"]["peak_allocated_bytes"][k] / MiB
+    active = d["record_stream"]["peak_active_bytes"][k] / MiB
+    return check_number(
+        answer_mib, expected, name="the allocated peak", unit="MiB", rel_tol=0.1, abs_tol=2.0,
+        hints=[(active, "That is the active peak. A block freed after record_stream leaves 'allocated' at once "
+                        "and stays 'active' until its event is seen complete."),
+               (d["layers"] * buf, "That is every layer's buffer: it shows in active and reserved bytes, "
+                                   "not in allocated bytes.")],
+        explanation=f"Only the buffer being filled is allocated at any moment; the active peak was {active:.0f} "
+                    f"MiB. max_memory_allocated() cannot see blocks parked on events.")
+
+
+def check_allocation_stream(answer: str | None) -> Feedback:
+    """Exercise (multiple choice): a buffer allocated under ``torch.cuda.stream(copy_in)``
+    is read on the compute stream and on an offload (copy) stream. Which stream must wait,
+    before the last reference is dropped?"""
+    return check_choice(answer, "c", name="your choice", explanations={
+        "a": "Not quite. The compute stream reads the buffer, but the allocator never hands this block to a "
+             "compute-stream allocation: free blocks are reused only on their allocation stream.",
+        "b": "Not quite. The offload stream is a reader too, and for the same reason its allocations never "
+             "receive this block.",
+        "c": "Right. Only allocations on copy_in can receive the block, so copy_in alone needs a dependency: on an "
+             "event from each reader (or one event, if the readers are already ordered).",
+        "d": "Correct but more than needed: waits on the readers' streams order work that can never receive the "
+             "block, and can cost overlap.",
+    })
+
+
+def check_cap_stall(answer: str | None) -> Feedback:
+    """Exercise (multiple choice): where does the tens-of-ms host stall inside an ordinary
+    allocation come from, under a memory cap with record_stream?"""
+    return check_choice(answer, "b", name="your choice", explanations={
+        "a": "No: the event handoff allocates the same 64 MiB buffers under the same cap and its worst allocation "
+             "takes well under a millisecond.",
+        "b": "Right. When nothing cached fits and the cap blocks cudaMalloc, the allocator frees its cache and "
+             "retries; first it waits (cudaEventSynchronize) on every outstanding record_stream event, so the host "
+             "waits for the GPU to catch up. num_alloc_retries counts these.",
+        "c": "No: Python frees the tensors by reference counting at `del`; the garbage collector is not involved.",
+        "d": "No: the caching allocator never pages device memory to the host; the stall is a wait on events.",
+    })
+
+
+def check_event_handoff(handoff: Callable | None, *, layers: int = 8, buffer_mib: int = 64, trials: int = 3,
+                        producer_ms: float = 1.5, consumer_ms: float = 2.0) -> Feedback:
+    """Exercise: run the reader's handoff loop on this GPU and judge it.
+
+    ``handoff(all_gather, forward, layers, producer, consumer)`` must call
+    ``buf = all_gather(layer)`` and ``done = forward(buf, layer)`` for every layer and
+    release each buffer safely, without ``record_stream`` (calling it raises here).
+
+    Passes when all ``trials`` are correct, at most 2 distinct blocks are used and the
+    active peak is at most 2 buffers (+1 MiB), and the GPU span is within 1.3× that of
+    :func:`reference_handoff` measured in the same session (which rules out a stall).
+
+    Without a GPU the check says so (``Feedback.correct`` is None).
+
+    Raises:
+        ValueError: layers, buffer_mib or trials out of range, or the buffers do not fit.
+    """
+    if handoff is None:
+        return unanswered("your handoff function (its name, without calling it)")
+    if not callable(handoff):
+        return Feedback(False, f"Pass the function itself, not {type(handoff).__name__}: check_event_handoff(my_handoff).")
+    if not 2 <= layers <= 32:
+        raise ValueError(f"layers must be an integer in [2, 32], got {layers}")
+    if not 1 <= buffer_mib <= 512:
+        raise ValueError(f"buffer_mib must be in [1, 512] MiB, got {buffer_mib}")
+    if not 1 <= trials <= 20:
+        raise ValueError(f"trials must be in [1, 20], got {trials}")
+    if not has_cuda():
+        return Feedback(None, "This check runs your code on a GPU and none is visible here, so it cannot judge it. "
+                              "Open the page in Colab with a GPU runtime (or any CUDA machine) and run the cell "
+                              "again; the solution below shows one correct loop.")
+    check_fits("buffer_mib", 3 * buffer_numel(buffer_mib) * 4)
+    warm_up()
+    kw = dict(layers=layers, buffer_mib=buffer_mib, producer_ms=producer_ms, consumer_ms=consumer_ms)
+    ref_span = statistics.median(run_handoff(reference_handoff, **kw)["span_ms"] for _ in range(2))
+    runs = []
+    for _ in range(trials):
+        r = run_handoff(handoff, **kw)
+        if r["error"]:
+            if r["error_kind"] == "record_stream":
+                return Feedback(False, "Your loop called record_stream, which this exercise rules out. Keep the "
+                                       "buffer referenced instead, and make the producer stream wait on the "
+                                       "consumer's event before you drop it.", {"error": r["error"]})
+            return Feedback(False, f"Your loop raised {r['error']}", {"error": r["error"]})
+        runs.append(r)
+    details = _handoff_details(runs, ref_span, buffer_mib)
+    missing = sorted(set(range(layers)) - set(runs[0]["consumed"]))
+    if missing:
+        return Feedback(False, f"forward() was never called for layer(s) {missing}: call buf = all_gather(layer) "
+                               f"and forward(buf, layer) once for every layer.", details)
+    bad = [r for r in runs if r["corrupted_layers"]]
+    if bad:
+        r = bad[0]
+        k = r["first_corrupted_layer"]
+        return Feedback(False, f"{len(bad)} of {trials} trials read wrong values (layer {k} read "
+                               f"{r['read_mean'][k - 1]:.3g} instead of {k}): a block went to a later all_gather "
+                               f"while a consumer still read it. Before the last reference to a buffer goes, "
+                               f"enqueue producer.wait_event(done) for it.", details)
+    if details["distinct_blocks"] > 2 or details["peak_active_mib"] > 2 * details["buffer_mib"] + 1:
+        return Feedback(False, f"Correct values, but {details['distinct_blocks']} distinct blocks and a peak of "
+                               f"{details['peak_active_mib']:.0f} MiB active: hold at most one consumed buffer "
+                               f"(plus the one being filled) and release the older one each layer.", details)
+    if details["span_ms"] > 1.3 * ref_span:
+        return Feedback(False, f"Correct and within two buffers, but the GPU needed {details['span_ms']:.1f} ms "
+                               f"against {ref_span:.1f} ms for the reference loop: the producer waits for the "
+                               f"consumer of the buffer it just filled, which serialises the streams. Keep the "
+                               f"buffer one layer longer and wait on the older event.", details)
+    return Feedback(True, f"Correct in {trials} of {trials} trials, {details['distinct_blocks']} blocks, peak "
+                          f"{details['peak_active_mib']:.0f} MiB active, {details['span_ms']:.1f} ms of GPU time "
+                          f"(reference {ref_span:.1f} ms).", details)
+
+
+def _handoff_details(runs: Sequence[Mapping[str, Any]], ref_span: float, buffer_mib: float) -> dict[str, Any]:
+    return {
+        "trials": len(runs),
+        "corrupted_trials": sum(1 for r in runs if r["corrupted_layers"]),
+        "distinct_blocks": max(len(set(r["ptrs"])) for r in runs),
+        "peak_active_mib": max(r["memory"].active_peak for r in runs) / MiB,
+        "span_ms": statistics.median(r["span_ms"] for r in runs),
+        "reference_span_ms": ref_span,
+        "buffer_mib": buffer_numel(buffer_mib) * 4 / MiB,
+    }
+

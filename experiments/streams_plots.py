@@ -1,0 +1,214 @@
+"""Figures for chapter 2 (cross-stream memory). Each takes a :class:`~experiments.registry.Result`
+of one ``streams.*`` experiment and returns a Figure with the provenance footer.
+Memory in MiB above the start of a run; times in ms.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from matplotlib.patches import Patch
+
+from .plotting import PALETTE, bars, mib, new_figure, stamp, stream_lanes
+from .registry import Result
+from .streams_pipeline import STRATEGY_LABELS
+
+GOOD, BAD = "#3f9a5b", "#b5403a"
+GRAY = "#6b6b6b"
+COUNTER_KEYS = (("peak_allocated_bytes", "allocated"), ("peak_active_bytes", "active"),
+                ("peak_reserved_bytes", "reserved"))
+COUNTER_COLORS = ("#9bb7d4", PALETTE[0], "#1f3d5c")
+# Buffers get colours by block, so that equal colours mean the same memory.
+BLOCK_COLORS = ("#3b6ea8", "#d9822b", "#3f9a5b", "#7b5ea7", "#8c6d46", "#c2549d", "#17becf", "#6b6b6b")
+
+
+def _grouped(ax: Any, groups: Sequence[str], series: Sequence[tuple[str, Sequence[float], str]],
+             *, ylabel: str, fmt: str = "{:.0f}") -> None:
+    """Bars for several series per group, values annotated above each bar."""
+    width = 0.8 / len(series)
+    for j, (label, values, color) in enumerate(series):
+        xs = [i + (j - (len(series) - 1) / 2) * width for i in range(len(groups))]
+        rects = ax.bar(xs, values, width, label=label, color=color)
+        for rect, v in zip(rects, values):
+            ax.annotate(fmt.format(v), (rect.get_x() + rect.get_width() / 2, rect.get_height()), ha="center",
+                        va="bottom", fontsize=7, xytext=(0, 1), textcoords="offset points")
+    ax.set_xticks(range(len(groups)))
+    ax.set_xticklabels(groups)
+    ax.set_ylabel(ylabel)
+    ax.grid(axis="x", visible=False)
+
+
+def plot_strategies(result: Result) -> Any:
+    """Three panels per strategy: corrupted trials, peak allocated/active/reserved (MiB),
+    and GPU span with the time producer and consumer ran concurrently (ms)."""
+    d = result.data
+    names = d["strategies"]
+    res = d["results"]
+    labels = [STRATEGY_LABELS[s] for s in names]
+    fig, axes = new_figure(1, 3, width=12.0, height=3.8)
+    n = res[names[0]]["trials"]
+    corrupted = [res[s]["corrupted_trials"] for s in names]
+    bars(labels, corrupted, ylabel=f"corrupted trials (of {n})", colors=[BAD if c else GOOD for c in corrupted],
+         ax=axes[0], title="Did the consumer read its own layer?")
+    axes[0].set_ylim(0, n * 1.15 + 0.5)
+    _grouped(axes[1], labels, [(label, [mib(res[s][key]) for s in names], color)
+                               for (key, label), color in zip(COUNTER_KEYS, COUNTER_COLORS)],
+             ylabel="peak above start (MiB)")
+    axes[1].axhline(mib(d["buffer_bytes"]), color=GRAY, linestyle=":", linewidth=1)
+    axes[1].set_title("Memory (largest of the trials)")
+    axes[1].legend(loc="upper left", fontsize=8)
+    x = range(len(names))
+    axes[2].bar(x, [res[s]["span_ms"] for s in names], 0.6, color=PALETTE[0], label="GPU span")
+    axes[2].bar(x, [res[s]["overlap_ms"] for s in names], 0.3, color=PALETTE[1],
+                label="producer and consumer both busy")
+    axes[2].axhline(d["serial_ms"], color=GRAY, linestyle="--", linewidth=1, label="no overlap at all")
+    axes[2].set_xticks(list(x))
+    axes[2].set_xticklabels(labels)
+    axes[2].set_ylabel("GPU time (ms)")
+    axes[2].set_title("Time (median of the trials)")
+    axes[2].set_ylim(0, 1.55 * max([d["serial_ms"]] + [res[s]["span_ms"] for s in names]))
+    axes[2].legend(loc="upper left", fontsize=7)
+    axes[2].grid(axis="x", visible=False)
+    return stamp(fig, result)
+
+
+def plot_pipeline(result: Result) -> Any:
+    """Left: the value each layer's consumer read against its own layer number (the
+    correctness check). Right: peak allocated, active and reserved bytes (MiB) of the run."""
+    d, p = result.data, result.params
+    layers = d["layers"]
+    buf = mib(d["buffer_bytes"])
+    fig, (a0, a1) = new_figure(1, 2, width=10.5, height=3.6)
+    xs = list(range(1, layers + 1))
+    a0.plot(xs, xs, "--", color=GRAY, linewidth=1, label="its own layer's value")
+    a0.plot(xs, d["read_mean"], "o", markersize=4, color=BAD if d["corrupted_layers"] else GOOD,
+            label="value the consumer read")
+    a0.set_xlabel("layer")
+    a0.set_ylabel("value read (layer number)")
+    a0.set_title(f"{d['corrupted_layers']} of {layers} layers read the wrong buffer")
+    a0.legend(loc="upper left", fontsize=8)
+    values = [mib(d[key]) for key, _ in COUNTER_KEYS]
+    bars([label for _, label in COUNTER_KEYS], values, ylabel="peak above start (MiB)", colors=list(COUNTER_COLORS),
+         ax=a1, title=f"{d['distinct_blocks']} distinct blocks")
+    a1.axhline(layers * buf, color=GRAY, linestyle="--", linewidth=1)
+    a1.annotate("every layer's buffer", (0.02, layers * buf), xycoords=("axes fraction", "data"), va="bottom",
+                fontsize=7, color=GRAY)
+    a1.axhline(buf, color=GRAY, linestyle=":", linewidth=1)
+    a1.set_ylim(0, max(max(values), layers * buf) * 1.12)
+    fig.suptitle(f"{d['strategy']}: {p.get('consumer_ms', 0):g} ms GPU work and {p.get('host_delay_ms', 0):g} ms "
+                 f"host work per layer, {layers} × {buf:g} MiB")
+    return stamp(fig, result)
+
+
+def plot_runahead(result: Result) -> Any:
+    """Peak memory (MiB) against GPU work per layer (left) and host delay per layer
+    (right): record_stream's active and allocated peaks, the event handoff's active peak."""
+    d = result.data
+    pts = d["points"]
+    buf = mib(d["buffer_bytes"])
+    top = max(pt["consumer_ms"] for pt in pts)
+    left = [k for k, pt in enumerate(pts) if pt["host_delay_ms"] == 0]
+    right = [k for k, pt in enumerate(pts) if pt["consumer_ms"] == top]
+    right.sort(key=lambda k: pts[k]["host_delay_ms"])
+    fig, axes = new_figure(1, 2, width=11.0, height=3.9, sharey=True)
+    panels = ((axes[0], left, "consumer_ms", "GPU work per layer (ms), no host delay"),
+              (axes[1], right, "host_delay_ms", f"host delay per layer (ms), {top:g} ms of GPU work per layer"))
+    rs, ev = d["record_stream"], d["event"]
+    for ax, idx, key, xlabel in panels:
+        xs = list(range(len(idx)))
+        ax.plot(xs, [mib(rs["peak_active_bytes"][k]) for k in idx], "o-", color=PALETTE[1],
+                label="record_stream: peak active")
+        ax.plot(xs, [mib(rs["peak_allocated_bytes"][k]) for k in idx], "s--", color=PALETTE[1], alpha=0.55,
+                label="record_stream: max_memory_allocated")
+        ax.plot(xs, [mib(ev["peak_active_bytes"][k]) for k in idx], "o-", color=PALETTE[2],
+                label=f"event handoff ({d['in_flight']} in flight): peak active")
+        ax.axhline(d["layers"] * buf, color=GRAY, linestyle=":", linewidth=1)
+        ax.annotate(f"{d['layers']} layers × {buf:g} MiB", (0.01, d["layers"] * buf),
+                    xycoords=("axes fraction", "data"), va="bottom", fontsize=7, color=GRAY)
+        ax.set_xticks(xs)
+        ax.set_xticklabels([f"{pts[k][key]:g}" for k in idx])
+        ax.set_xlabel(xlabel)
+    axes[0].set_ylabel("peak above start (MiB)")
+    axes[0].set_title("More GPU work per layer: the host runs further ahead")
+    axes[1].set_title("More host work per layer: the GPU keeps up")
+    axes[0].legend(loc="center right", fontsize=8)
+    return stamp(fig, result)
+
+
+def plot_counters(result: Result, *, point: int | None = None) -> Any:
+    """Allocated, active and reserved peaks (MiB) of both strategies at one point of the
+    run-ahead sweep (default: the largest run-ahead): what each counter sees."""
+    d = result.data
+    ra = [pt["runahead_ms"] for pt in d["points"]]
+    k = ra.index(max(ra)) if point is None else point
+    if not 0 <= k < len(ra):
+        raise ValueError(f"point must be in [0, {len(ra) - 1}], got {point}")
+    fig, ax = new_figure(width=6.5, height=3.6)
+    groups = ["record_stream", "event handoff"]
+    _grouped(ax, groups, [(label, [mib(d[s][key][k]) for s in ("record_stream", "event")], color)
+                          for (key, label), color in zip(COUNTER_KEYS, COUNTER_COLORS)],
+             ylabel="peak above start (MiB)")
+    pt = d["points"][k]
+    ax.set_title(f"{pt['consumer_ms']:g} ms GPU / {pt['host_delay_ms']:g} ms host per layer, "
+                 f"{d['layers']} × {mib(d['buffer_bytes']):g} MiB")
+    ax.legend(loc="upper right", fontsize=8, title="peak of", title_fontsize=8)
+    return stamp(fig, result)
+
+
+def plot_memory_cap(result: Result) -> Any:
+    """Host time of each buffer allocation (ms, log scale) under the cap, and the
+    allocator's retries, for record_stream and the event handoff."""
+    d = result.data
+    st = d["strategies"]
+    fig, (a0, a1) = new_figure(1, 2, width=10.5, height=3.6, gridspec_kw={"width_ratios": [2.3, 1]})
+    names = (("record_stream", PALETTE[1], "record_stream"), ("event", PALETTE[2], "event handoff"))
+    for key, color, label in names:
+        s = st[key]
+        if s["oom"]:
+            a0.plot([], [], color=color, label=f"{label}: out of memory")
+            continue
+        ys = [max(v, 1e-3) for v in s["alloc_host_ms"]]
+        a0.plot(range(1, len(ys) + 1), ys, ".-", color=color, linewidth=0.8,
+                label=f"{label}: worst {s['worst_alloc_ms']:.1f} ms")
+    a0.set_yscale("log")
+    a0.set_xlabel("layer")
+    a0.set_ylabel("host time of torch.empty (ms)")
+    a0.set_title(f"Allocation stalls under a {d['cap_mib']} MiB cap")
+    a0.legend(loc="upper left", fontsize=8)
+    bars([label for _, _, label in names], [st[key]["num_alloc_retries"] for key, _, _ in names],
+         ylabel="allocator retries (count)", colors=[color for _, color, _ in names], ax=a1,
+         title="num_alloc_retries")
+    return stamp(fig, result)
+
+
+def plot_timeline(result: Result) -> Any:
+    """Host, producer and consumer lanes (ms after a reference event). Each layer's boxes
+    are coloured by the memory block its buffer got, so equal colours overlapping in time
+    on the two streams are the race; triangles mark the host's ``del``."""
+    d = result.data
+    span = max([d["span_ms"]] + [e for _, e in d["consumer"]])
+    min_w = span / 400  # keep microsecond-long host steps visible
+    def box(s: float, e: float, color: str, label: str) -> dict[str, Any]:
+        return {"start_ms": s, "end_ms": max(e, s + min_w), "color": color,
+                "label": label if e - s > 0.07 * span else ""}
+    colors = [BLOCK_COLORS[b % len(BLOCK_COLORS)] for b in d["block"]]
+    consumer = []
+    for i, ((s, e), c) in enumerate(zip(d["consumer"], colors)):
+        read = d["read_mean"][i]
+        text = f"L{i + 1}" if read == i + 1 else f"L{i + 1} read {read:.3g}"
+        consumer.append(box(s, e, c, text))
+    lanes = {
+        "host": [box(s, e, GRAY, f"L{i + 1}") for i, (s, e) in enumerate(d["host"])],
+        "producer stream": [box(s, e, c, f"AG {i + 1}") for i, ((s, e), c) in enumerate(zip(d["producer"], colors))],
+        "consumer stream": consumer,
+    }
+    fig = stream_lanes(lanes)
+    fig.suptitle(f"{d['strategy']}: {d['distinct_blocks']} block(s), {d['corrupted_layers']} of {d['layers']} "
+                 f"layers read the wrong buffer")
+    ax = fig.axes[0]
+    ax.plot(d["del_ms"], [0.0] * len(d["del_ms"]), "v", color=BAD, markersize=6, zorder=5)
+    ax.set_xlim(0, span * 1.02)
+    handles = [Patch(color=BLOCK_COLORS[b % len(BLOCK_COLORS)], label=f"block {chr(65 + b % 26)}")
+               for b in sorted(set(d["block"]))]
+    handles.append(ax.plot([], [], "v", color=BAD, label="host drops its reference")[0])
+    ax.legend(handles=handles, loc="lower right", fontsize=7, ncol=min(len(handles), 5), bbox_to_anchor=(1.0, 1.0))
+    return stamp(fig, result)

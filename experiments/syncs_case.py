@@ -1,0 +1,315 @@
+"""Chapter 4 case study: a training step whose metrics helper hides a host-to-device sync.
+
+The step is small but complete: an MLP forward and backward, per-parameter-group
+gradient statistics reduced by a metrics helper, AdamW, and an exponential moving
+average of the weights written as a Python loop (many tiny launches). The helper is the
+post's ``reduce_grad_stats``: it indexes a ``[groups, 8]`` CUDA tensor with a *tuple* of
+columns, which PyTorch turns into a CPU index tensor and a blocking copy, a full stream
+sync right after the backward pass was queued. Source: "Host-to-device syncs are bad
+too", https://docs.pytorch.org/devlogs/eager/2026-08-11-hidden-h2d-sync/ (case study).
+
+The batch is sized at run time so that the GPU time of forward + backward is a chosen
+multiple (``balance``) of the step's host time: the sync costs most when the two are
+comparable, on a T4 as on an H200.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .device import check_fits
+from .measure import gpu_sleep, summarize
+from .sync_detector import SyncDetector
+
+SUM_COLS = (0, 2, 3, 4, 5, 6, 7)
+STAT_COLUMNS = ("sum of squares", "max |g|", "sum |g|", "sum g", "zeros", "non-finite", "|g| > 1", "numel")
+WIDTH = 1024
+LAYERS = 16
+MAX_BATCH = 16384
+PHASES = ("forward + backward", "metrics", "optimizer + EMA")
+
+
+def reduce_grad_stats(local: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The post's metrics helper: sum seven columns over groups, and the max of column 1.
+
+    Args:
+        local: ``[groups, 8]`` float tensor of per-group gradient statistics
+            (columns: :data:`STAT_COLUMNS`).
+
+    Returns:
+        (sums ``[7]``, gmax 0-dim). On a CUDA tensor the tuple index makes PyTorch build
+        a pageable CPU index tensor and copy it with a blocking copy: a stream sync.
+    """
+    sums = local[:, SUM_COLS].sum(dim=0)
+    gmax = local[:, 1].max()
+    return sums, gmax
+
+
+_SUM_INDEX: dict[torch.device, torch.Tensor] = {}
+
+
+def reduce_grad_stats_fixed(local: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`reduce_grad_stats` without the sync: the column index lives on the device.
+
+    The index is copied once per device (one sync, the first time) and reused.
+    """
+    idx = _SUM_INDEX.get(local.device)
+    if idx is None:
+        idx = _SUM_INDEX[local.device] = torch.tensor(SUM_COLS, device=local.device)
+    return local.index_select(1, idx).sum(dim=0), local[:, 1].max()
+
+
+def group_stats(grads: list[torch.Tensor]) -> torch.Tensor:
+    """``[8]`` statistics of a group's gradients (:data:`STAT_COLUMNS`), computed on the device."""
+    g = torch.cat([t.reshape(-1) for t in grads])
+    a = g.abs()
+    return torch.stack([
+        g.square().sum(), a.max(), a.sum(), g.sum(),
+        (g == 0).sum().to(g.dtype), (~torch.isfinite(g)).sum().to(g.dtype), (a > 1).sum().to(g.dtype),
+        torch.full((), float(g.numel()), device=g.device, dtype=g.dtype),
+    ])
+
+
+class _Block(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(width, width)
+        self.norm = nn.LayerNorm(width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + F.gelu(self.norm(self.linear(x)))
+
+
+class _Phases:
+    """Host timestamps and CUDA events at the phase boundaries of each step."""
+
+    def __init__(self) -> None:
+        self.marks: list[tuple[int, str, float, torch.cuda.Event]] = []
+
+    def mark(self, step: int, name: str) -> None:
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        self.marks.append((step, name, time.perf_counter(), ev))
+
+
+class TrainingStep:
+    """The case study's model, optimizer and EMA; :meth:`step` runs one training step.
+
+    Args:
+        width, layers: MLP size (``layers`` residual blocks of Linear, LayerNorm, GELU).
+        batch: rows per step (change it with :meth:`set_batch`).
+        device: a CUDA device.
+    """
+
+    def __init__(self, *, device: torch.device, width: int = WIDTH, layers: int = LAYERS, batch: int = 64,
+                 seed: int = 0, ema_decay: float = 0.999) -> None:
+        torch.manual_seed(seed)
+        self.device, self.width, self.layers, self.seed = device, width, layers, seed
+        self.model = nn.Sequential(*[_Block(width) for _ in range(layers)], nn.Linear(width, 64)).to(device)
+        groups: dict[str, list[nn.Parameter]] = {"early weights": [], "late weights": [], "biases": [], "norms": []}
+        for name, p in self.model.named_parameters():
+            if ".norm." in name:
+                groups["norms"].append(p)
+            elif name.endswith("bias"):
+                groups["biases"].append(p)
+            elif int(name.split(".")[0]) < layers // 2:
+                groups["early weights"].append(p)
+            else:
+                groups["late weights"].append(p)
+        decay = {"early weights": 0.01, "late weights": 0.01, "biases": 0.0, "norms": 0.0}
+        self.opt = torch.optim.AdamW([{"params": ps, "weight_decay": decay[k]} for k, ps in groups.items()],
+                                     lr=1e-4, foreach=True)
+        self.params = [p for ps in groups.values() for p in ps]
+        self.ema = [p.detach().clone() for p in self.params]
+        self.ema_decay = ema_decay
+        self.stat_sums = torch.zeros(len(SUM_COLS), device=device)
+        self.stat_max = torch.zeros((), device=device)
+        self.loss_sum = torch.zeros((), device=device)
+        self.set_batch(batch)
+
+    def set_batch(self, batch: int) -> None:
+        """New inputs and targets with ``batch`` rows."""
+        g = torch.Generator(device=self.device).manual_seed(self.seed)
+        self.batch = batch
+        self.x = torch.randn(batch, self.width, device=self.device, generator=g)
+        self.y = torch.randn(batch, 64, device=self.device, generator=g)
+
+    def activation_bytes(self, batch: int) -> int:
+        """Rough bytes live during forward + backward at ``batch`` rows (float32)."""
+        return batch * self.width * 4 * (6 * self.layers + 4)
+
+    def forward_backward(self) -> torch.Tensor:
+        self.opt.zero_grad(set_to_none=True)
+        loss = F.mse_loss(self.model(self.x), self.y)
+        loss.backward()
+        return loss
+
+    def step(self, reduce_fn: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+             phases: _Phases | None = None, index: int = 0) -> None:
+        """One training step; the metrics go through ``reduce_fn`` and stay on the device."""
+        if phases:
+            phases.mark(index, "start")
+        loss = self.forward_backward()
+        if phases:
+            phases.mark(index, "backward")
+        local = torch.stack([group_stats([p.grad for p in g["params"]]) for g in self.opt.param_groups])
+        sums, gmax = reduce_fn(local)
+        self.stat_sums.add_(sums)
+        torch.maximum(self.stat_max, gmax, out=self.stat_max)
+        if phases:
+            phases.mark(index, "metrics")
+        self.opt.step()
+        with torch.no_grad():
+            for e, p in zip(self.ema, self.params):
+                e.mul_(self.ema_decay).add_(p, alpha=1 - self.ema_decay)
+        self.loss_sum.add_(loss.detach())
+        if phases:
+            phases.mark(index, "end")
+
+
+def queued_gpu_ms(fn: Callable[[], Any], *, lead_ms: float, repeats: int = 3) -> float:
+    """GPU time of ``fn`` (ms, median) with its launches hidden behind ``lead_ms`` of queued work.
+
+    The start event is queued after a sleep kernel, so by the time the GPU reaches it
+    every kernel of ``fn`` is already queued: the interval is GPU execution only, not
+    host launch time.
+    """
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        gpu_sleep(lead_ms)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def host_ms_per_step(ts: TrainingStep, reduce_fn: Callable, *, repeats: int = 7) -> float:
+    """Median host time of one step (ms), the GPU drained before each."""
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        ts.step(reduce_fn)
+        times.append((time.perf_counter() - t0) * 1e3)
+    torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def choose_batch(ts: TrainingStep, target_ms: float, *, lead_ms: float) -> tuple[int, float]:
+    """The batch whose forward + backward takes about ``target_ms`` of GPU time.
+
+    Doubles from 64 rows until the GPU time reaches the target (or memory or
+    :data:`MAX_BATCH` stops it), then interpolates. Returns (batch, measured GPU ms).
+    """
+    batch, prev = 64, None
+    while True:
+        ts.set_batch(batch)
+        g = queued_gpu_ms(ts.forward_backward, lead_ms=lead_ms)
+        if g >= target_ms or batch >= MAX_BATCH:
+            break
+        try:
+            check_fits("batch", ts.activation_bytes(batch * 2), fraction=0.5)
+        except ValueError:
+            break
+        prev, batch = (batch, g), batch * 2
+    if prev is not None and g > target_ms:
+        pb, pg = prev
+        guess = pb + (target_ms - pg) * (batch - pb) / max(g - pg, 1e-6)
+        guess = int(min(batch, max(pb, round(guess / 64) * 64)))
+        if guess != batch:
+            batch = guess
+            ts.set_batch(batch)
+            g = queued_gpu_ms(ts.forward_backward, lead_ms=lead_ms)
+    torch.cuda.synchronize()
+    return batch, g
+
+
+def measure_variant(ts: TrainingStep, reduce_fn: Callable, *, steps: int, warmup: int = 5,
+                    window: int = 3) -> dict[str, Any]:
+    """Step time of ``reduce_fn``'s variant, the syncs in one step, and a timeline.
+
+    ``step_ms`` is the median (p10, p90) of the GPU-side period between the starts of
+    consecutive steps, from CUDA events: in steady state, the time per step. The
+    timeline holds host and GPU intervals of ``window`` steps from the middle of the run
+    (ms; host and GPU clocks aligned through a reference event, see ``run_ahead``).
+    """
+    for _ in range(warmup):
+        ts.step(reduce_fn)
+    torch.cuda.synchronize()
+    with SyncDetector("report") as det:
+        ts.step(reduce_fn)
+    torch.cuda.synchronize()
+
+    ref = torch.cuda.Event(enable_timing=True)
+    h0 = time.perf_counter()
+    ref.record()
+    ref.synchronize()
+    host_zero = (h0 + time.perf_counter()) / 2
+    phases = _Phases()
+    t0 = time.perf_counter()
+    for i in range(steps):
+        ts.step(reduce_fn, phases, i)
+    end = torch.cuda.Event(enable_timing=True)
+    end.record()
+    torch.cuda.synchronize()
+    wall_ms = (time.perf_counter() - t0) * 1e3
+
+    starts = [ev for (_, name, _, ev) in phases.marks if name == "start"] + [end]
+    per_step = [starts[i].elapsed_time(starts[i + 1]) for i in range(steps)]
+    s = summarize(per_step)
+
+    first = max(0, steps // 2 - window // 2)
+    chosen = [m for m in phases.marks if first <= m[0] < first + window]
+    host, gpu = [], []
+    for i in range(first, min(first + window, steps)):
+        marks = {name: (h, ev) for (j, name, h, ev) in chosen if j == i}
+        bounds = ("start", "backward", "metrics", "end")
+        for phase, (a, b) in zip(PHASES, zip(bounds, bounds[1:])):
+            host.append({"phase": phase, "step": i, "start_ms": (marks[a][0] - host_zero) * 1e3,
+                         "end_ms": (marks[b][0] - host_zero) * 1e3})
+            gpu.append({"phase": phase, "step": i, "start_ms": ref.elapsed_time(marks[a][1]),
+                        "end_ms": ref.elapsed_time(marks[b][1])})
+    offset = min(iv["start_ms"] for iv in host + gpu)
+    for iv in host + gpu:
+        iv["start_ms"] -= offset
+        iv["end_ms"] -= offset
+    return {
+        "step_ms": {"median": s.median, "p10": s.p10, "p90": s.p90, "n": s.n},
+        "wall_ms_per_step": wall_ms / steps,
+        "syncs_per_step": det.count,
+        "sync_report": [str(e) for e in det.events[:10]],
+        "timeline": {"host": host, "gpu": gpu},
+    }
+
+
+def run_case_study(balance: float, steps: int) -> dict[str, Any]:
+    """The whole case study on the current GPU (see ``syncs.case_study`` for the result)."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    ts = TrainingStep(device=device)
+    for _ in range(3):
+        ts.step(reduce_grad_stats_fixed)
+    torch.cuda.synchronize()
+    host_ms = host_ms_per_step(ts, reduce_grad_stats_fixed)
+    batch, heavy_ms = choose_batch(ts, balance * host_ms, lead_ms=max(10.0, 3 * host_ms))
+    variants = {
+        "hidden_sync": measure_variant(ts, reduce_grad_stats, steps=steps),
+        "sync_free": measure_variant(ts, reduce_grad_stats_fixed, steps=steps),
+    }
+    del ts
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    return {
+        "width": WIDTH, "layers": LAYERS, "batch": batch, "host_ms_per_step": host_ms,
+        "heavy_gpu_ms": heavy_ms, "gpu_to_host": heavy_ms / host_ms if host_ms > 0 else None,
+        "variants": variants,
+        "speedup": variants["hidden_sync"]["step_ms"]["median"] / variants["sync_free"]["step_ms"]["median"],
+    }

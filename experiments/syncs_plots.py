@@ -1,0 +1,322 @@
+"""Chapter 4 figures and tables, drawn from experiment results (live or recorded).
+
+Every figure carries its provenance (:func:`experiments.plotting.stamp`); times are in
+ms, sizes in KiB/MiB.
+"""
+from __future__ import annotations
+
+import html
+from typing import Any, Sequence
+
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+from matplotlib.ticker import MaxNLocator
+
+from .plotting import PALETTE, bars, new_figure, stamp, stream_lanes
+from .registry import Result
+
+SYNC_RED = "#b5403a"
+IDLE_GREY = "#dde1e6"
+HOST_COLORS = {"python": PALETTE[1], "launch": PALETTE[7], "sync": SYNC_RED}
+VARIANT_LABELS = {"none": "no sync", "once": "loss.item() once", "every_step": "loss.item() every step"}
+PHASE_COLORS = {"forward + backward": PALETTE[0], "metrics": SYNC_RED, "optimizer + EMA": PALETTE[1]}
+CASE_LABELS = {"hidden_sync": "with the hidden sync", "sync_free": "sync removed"}
+COPY_LABELS = {"pageable_non_blocking": "pageable, non_blocking=True", "pageable_blocking": "pageable, blocking",
+               "pinned_non_blocking": "pinned, non_blocking=True"}
+ROW_COLORS = {"reported": SYNC_RED, "missed": PALETTE[4], "quiet": PALETTE[2]}
+
+
+class HtmlTable:
+    """Rows of text shown as an HTML table in notebooks and as aligned text elsewhere."""
+
+    def __init__(self, columns: Sequence[str], rows: Sequence[Sequence[Any]], caption: str = "",
+                 highlight: Sequence[bool] | None = None) -> None:
+        self.columns = list(columns)
+        self.rows = [[str(c) for c in r] for r in rows]
+        self.caption = caption
+        self.highlight = list(highlight) if highlight is not None else [False] * len(self.rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __str__(self) -> str:
+        widths = [max(len(c), *(len(r[i]) for r in self.rows)) if self.rows else len(c)
+                  for i, c in enumerate(self.columns)]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(self.columns, widths))]
+        lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in self.rows]
+        if self.caption:
+            lines.append(self.caption)
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        head = "".join(f"<th style='text-align:left'>{html.escape(c)}</th>" for c in self.columns)
+        body = []
+        for r, hi in zip(self.rows, self.highlight):
+            style = " style='background:#fbeaea'" if hi else ""
+            body.append(f"<tr{style}>" + "".join(f"<td style='text-align:left'>{html.escape(c)}</td>" for c in r)
+                        + "</tr>")
+        cap = f"<caption style='caption-side:bottom;font-size:80%;color:#555'>{html.escape(self.caption)}</caption>"
+        return f"<table>{cap if self.caption else ''}<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+# ----------------------------------------------------------------- run-ahead
+
+def _gaps(intervals: list[dict[str, float]]) -> list[dict[str, Any]]:
+    """Idle intervals between consecutive GPU intervals."""
+    out = []
+    for a, b in zip(intervals, intervals[1:]):
+        if b["start_ms"] > a["end_ms"]:
+            out.append({"start_ms": a["end_ms"], "end_ms": b["start_ms"], "color": IDLE_GREY})
+    return out
+
+
+def plot_run_ahead(result: Result) -> Figure:
+    """Host and GPU lanes for the three run-ahead variants (ms on a shared axis).
+
+    Host: Python work (orange), launches (grey), waiting in ``.item()`` (red). GPU:
+    each step's kernel (blue, numbered) and idle gaps (light grey).
+    """
+    d = result.data
+    fig, axes = new_figure(3, 1, width=8.0, height=6.0, sharex=True)
+    for ax, name in zip(axes, ("none", "once", "every_step")):
+        v = d["variants"][name]
+        host = [{"start_ms": iv["start_ms"], "end_ms": iv["end_ms"], "color": HOST_COLORS[iv["kind"]],
+                 "label": "wait" if iv["kind"] == "sync" and iv["end_ms"] - iv["start_ms"] > 1.0 else ""}
+                for iv in v["host"]]
+        gpu = [{"start_ms": iv["start_ms"], "end_ms": iv["end_ms"], "color": PALETTE[0], "label": str(i + 1)}
+               for i, iv in enumerate(v["gpu"])]
+        stream_lanes({"host": host, "GPU": _gaps(v["gpu"]) + gpu}, ax=ax,
+                     title=(f"{VARIANT_LABELS[name]}: GPU done at {v['end_ms']:.1f} ms, idle {v['gpu_idle_ms']:.1f} ms;"
+                            f" host waited {v['host_blocked_ms']:.1f} ms"))
+        if ax is not axes[-1]:
+            ax.set_xlabel("")
+    handles = [Patch(color=HOST_COLORS["python"], label="host: Python work"),
+               Patch(color=HOST_COLORS["launch"], label="host: launch"),
+               Patch(color=SYNC_RED, label="host: waiting in .item()"),
+               Patch(color=PALETTE[0], label="GPU: step's kernels"), Patch(color=IDLE_GREY, label="GPU: idle")]
+    fig.legend(handles=handles, loc="outside upper center", ncol=5, fontsize=8,
+               title=(f"{result.params['host_ms']:g} ms of host work and {result.params['gpu_ms']:g} ms of GPU "
+                      f"work per step, {d['steps']} steps"), title_fontsize=10)
+    return stamp(fig, result)
+
+
+def run_ahead_table(result: Result) -> HtmlTable:
+    """Measured end times of the three run-ahead variants next to the queue model's (ms)."""
+    from .syncs import predicted_run_ahead_ms
+
+    d = result.data
+    model = predicted_run_ahead_ms(result.params["host_ms"], result.params["gpu_ms"], d["steps"])
+    rows = []
+    for name in ("none", "once", "every_step"):
+        v = d["variants"][name]
+        rows.append([VARIANT_LABELS[name], f"{v['end_ms']:.1f}", f"{model[name]:.1f}", f"{v['gpu_idle_ms']:.1f}",
+                     f"{v['host_blocked_ms']:.1f}"])
+    return HtmlTable(["variant", "GPU done at (ms)", "queue model (ms)", "GPU idle (ms)", "host waited (ms)"],
+                     rows, caption=result.caption())
+
+
+# ----------------------------------------------------------------- catalogue
+
+def _row_class(row: dict[str, Any]) -> str:
+    if row["debug_mode_syncs"] > 0:
+        return "reported"
+    return "missed" if row["blocks"] else "quiet"
+
+
+def _capture_text(value: Any) -> str:
+    return {True: "captures", False: "fails", None: "?"}[value]
+
+
+def plot_catalogue(result: Result) -> Figure:
+    """Host wait (ms, median with p10-p90) of every operation, with GPU work queued first.
+
+    Colour: reported by ``set_sync_debug_mode`` (red), waited without being reported
+    (purple), no wait (green). The dashed line is the queued GPU work; the right column
+    says whether the operation could be captured in a CUDA graph.
+    """
+    d = result.data
+    rows = d["rows"]
+    fig, ax = new_figure(width=8.5, height=0.24 * len(rows) + 1.6)
+    ys = list(range(len(rows)))
+    med = [r["host_blocked_ms"]["median"] for r in rows]
+    err = [[m - r["host_blocked_ms"]["p10"] for m, r in zip(med, rows)],
+           [r["host_blocked_ms"]["p90"] - m for m, r in zip(med, rows)]]
+    err = [[max(0.0, e) for e in side] for side in err]
+    # A log scale shows the microsecond calls next to the full-queue waits.
+    ax.set_xscale("log")
+    ax.barh(ys, med, xerr=err, color=[ROW_COLORS[_row_class(r)] for r in rows], height=0.7, capsize=2)
+    ax.set_xlim(min(0.005, 0.5 * min(med)), 3 * max(max(med), d["work_ms"]))
+    ax.axvline(d["work_ms"], color="#555555", linestyle="--", linewidth=1)
+    ax.set_yticks(ys)
+    ax.set_yticklabels([r["code"] for r in rows], fontsize=7, family="monospace")
+    ax.invert_yaxis()
+    ax.set_xlabel(f"host waits in the call (ms, log scale); {d['work_ms']:g} ms of GPU work queued before it")
+    ax.grid(axis="y", visible=False)
+    for y, r in zip(ys, rows):
+        ax.annotate(f"graph: {_capture_text(r['capturable'])}", (1.0, y), xycoords=("axes fraction", "data"),
+                    xytext=(4, 0), textcoords="offset points", va="center", fontsize=7, color="#444444")
+    for y in range(1, len(rows)):
+        if rows[y]["group"] != rows[y - 1]["group"]:
+            ax.axhline(y - 0.5, color="#999999", linewidth=0.6)
+    handles = [Patch(color=ROW_COLORS["reported"], label="reported by set_sync_debug_mode"),
+               Patch(color=ROW_COLORS["missed"], label="waited, not reported"),
+               Patch(color=ROW_COLORS["quiet"], label="no wait")]
+    fig.legend(handles=handles, loc="outside upper center", ncol=3, fontsize=8,
+               title=f"Which operations make the host wait ({d['numel']:,} float32 elements per tensor)",
+               title_fontsize=10)
+    return stamp(fig, result)
+
+
+def catalogue_table(result: Result) -> HtmlTable:
+    """The catalogue as a table: one row per operation, measured columns and the mechanism."""
+    d = result.data
+    rows, hi = [], []
+    for r in d["rows"]:
+        kinds = ", ".join(r.get("detector_kinds", [])) or "-"
+        why = r["why"] + (f" ({r['version_note']})" if r.get("version_note") else "")
+        rows.append([r["code"], r["group"], r["debug_mode_syncs"], f"{r['detector_syncs']} ({kinds})",
+                     f"{r['host_blocked_ms']['median']:.2f}", _capture_text(r["capturable"]), why])
+        hi.append(bool(r["syncs"]))
+    cols = ["operation", "kind", "debug-mode warnings", "book's detector", f"host waits (ms of {d['work_ms']:g})",
+            "CUDA graph", "why"]
+    return HtmlTable(cols, rows, caption=f"{result.caption()}. Shaded rows made the host wait or were reported.",
+                     highlight=hi)
+
+
+def plot_queue_probe(result: Result) -> Figure:
+    """Host wait inside one operation (ms) against GPU work queued before it (ms)."""
+    d = result.data
+    fig, ax = new_figure(width=6.0, height=3.4)
+    q = d["queued_ms"]
+    med = [s["median"] for s in d["host_blocked_ms"]]
+    err = [[max(0.0, m - s["p10"]) for m, s in zip(med, d["host_blocked_ms"])],
+           [max(0.0, s["p90"] - m) for m, s in zip(med, d["host_blocked_ms"])]]
+    ax.plot([0, max(q)], [0, max(q)], "--", color="#888888", label="waits for the whole queue")
+    ax.errorbar(q, med, yerr=err, fmt="o-", capsize=3, color=PALETTE[0], label="measured (median, p10-p90)")
+    ax.set_xlabel("GPU work queued before the call (ms)")
+    ax.set_ylabel("host waits in the call (ms)")
+    verdict = "waits for the queue" if d["slope"] > 0.5 else "does not wait"
+    ax.set_title(f"{d['code']}: slope {d['slope']:.2f}, {verdict}; debug mode: {d['debug_mode_syncs']} warning(s)",
+                 fontsize=9)
+    ax.legend(loc="upper left", fontsize=8)
+    return stamp(fig, result)
+
+
+# ----------------------------------------------------------------- pageable copies
+
+def plot_pageable_threshold(result: Result) -> Figure:
+    """Host wait (ms) of host-to-device copies against size (log scale), three sources."""
+    d = result.data
+    fig, ax = new_figure(width=7.0, height=3.6)
+    mib = [s / 2**20 for s in d["sizes_bytes"]]
+    colors = {"pageable_blocking": PALETTE[1], "pinned_non_blocking": PALETTE[2], "pageable_non_blocking": PALETTE[3]}
+    for name, color in colors.items():  # the pageable non_blocking line last, on top where they coincide
+        v = d["variants"][name]
+        err = [[max(0.0, m - lo) for m, lo in zip(v["median_ms"], v["p10_ms"])],
+               [max(0.0, hi - m) for m, hi in zip(v["median_ms"], v["p90_ms"])]]
+        ax.errorbar(mib, v["median_ms"], yerr=err, fmt="o-" if name != "pageable_non_blocking" else "s--",
+                    capsize=2, color=color, label=COPY_LABELS[name])
+    ax.axhline(d["work_ms"], color="#555555", linestyle="--", linewidth=1, label="GPU work queued before the copy")
+    t, s = d.get("threshold_bytes"), d.get("largest_staged_bytes")
+    if t is not None and s is not None:
+        ax.axvspan(s / 2**20, t / 2**20, color=PALETTE[3], alpha=0.12, label="the driver starts draining here")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(mib)
+    ax.set_xticklabels([f"{m * 1024:.0f} KiB" if m < 1 else f"{m:g} MiB" for m in mib], fontsize=7, rotation=45,
+                       ha="right")
+    ax.minorticks_off()
+    ax.set_xlabel("copy size")
+    ax.set_ylabel("host waits in the call (ms)")
+    where = "no size in the sweep" if t is None else f"{t / 2**20:g} MiB"
+    ax.set_title(f"Host-to-device copies behind {d['work_ms']:g} ms of GPU work: "
+                 f"non_blocking pageable copies wait from {where}", fontsize=9)
+    ax.legend(loc="center left", fontsize=7)
+    return stamp(fig, result)
+
+
+# ----------------------------------------------------------------- case study
+
+def plot_case_study(result: Result) -> Figure:
+    """Median time per step (ms, p10-p90) with the hidden sync and without it."""
+    d = result.data
+    names = ("hidden_sync", "sync_free")
+    steps = [d["variants"][n]["step_ms"] for n in names]
+    fig = bars([CASE_LABELS[n] for n in names], [s["median"] for s in steps],
+               errors=[(s["p10"], s["p90"]) for s in steps], ylabel="time per training step (ms)",
+               colors=[SYNC_RED, PALETTE[2]], annotate_fmt="{:.2f}",
+               title=(f"{d['speedup']:.2f}x faster without the sync\nbatch {d['batch']}: forward + backward "
+                      f"{d['heavy_gpu_ms']:.1f} ms on the GPU, {d['host_ms_per_step']:.1f} ms of host time per step"))
+    fig.axes[0].title.set_fontsize(9)
+    return stamp(fig, result)
+
+
+def plot_case_study_timeline(result: Result) -> Figure:
+    """Host and GPU lanes of three consecutive steps, with and without the hidden sync (ms).
+
+    Intervals are the step's phases between marks: on the host, the time spent issuing
+    (or, in 'metrics', waiting); on the GPU, the time between reaching one mark and the
+    next, which includes any idle time while kernels trickle in.
+    """
+    d = result.data
+    fig, axes = new_figure(2, 1, width=8.0, height=4.4)
+    for ax, name in zip(axes, ("hidden_sync", "sync_free")):
+        tl = d["variants"][name]["timeline"]
+
+        def lane(ivs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            return [{"start_ms": iv["start_ms"], "end_ms": max(iv["start_ms"], iv["end_ms"]),
+                     "color": PHASE_COLORS[iv["phase"]]} for iv in ivs]
+
+        stream_lanes({"host": lane(tl["host"]), "GPU": lane(tl["gpu"])}, ax=ax,
+                     title=f"{CASE_LABELS[name]}: {d['variants'][name]['step_ms']['median']:.2f} ms per step")
+        if ax is not axes[-1]:
+            ax.set_xlabel("")
+    fig.legend(handles=[Patch(color=c, label=p) for p, c in PHASE_COLORS.items()], loc="outside upper center",
+               ncol=3, fontsize=8)
+    return stamp(fig, result)
+
+
+# ----------------------------------------------------------------- blind spots
+
+def plot_blind_spots(result: Result) -> Figure:
+    """Syncs reported by the debug mode alone and by the book's detector, per case (counts).
+
+    Above each pair: how long the host really waited with GPU work queued (ms). Labels
+    in red mark waits the debug mode did not report.
+    """
+    d = result.data
+    cases = d["cases"]
+    fig, ax = new_figure(width=9.0, height=4.2)
+    xs = list(range(len(cases)))
+    dm = [c["debug_mode_syncs"] for c in cases]
+    det = [c["detector_syncs"] for c in cases]
+    ax.bar([x - 0.2 for x in xs], dm, width=0.4, color=PALETTE[7], label="set_sync_debug_mode('warn')")
+    ax.bar([x + 0.2 for x in xs], det, width=0.4, color=PALETTE[0], label="the book's detector")
+    top = max(dm + det + [1])
+    for x, c in zip(xs, cases):
+        waited = c["host_blocked_ms"]["median"]
+        missed = c["debug_mode_syncs"] == 0 and waited >= 0.5 * d["work_ms"]
+        ax.annotate(f"waited\n{waited:.1f} ms", (x, top * 1.05), ha="center", va="bottom", fontsize=7,
+                    color=SYNC_RED if missed else "#444444")
+    ax.set_ylim(0, top * 1.45)
+    ax.set_xticks(xs)
+    ax.set_xticklabels([c["label"] for c in cases], rotation=30, ha="right", fontsize=7)
+    ax.set_ylabel("syncs reported (count)")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_title(f"Reported syncs against real waits ({d['work_ms']:g} ms of GPU work queued)", fontsize=10)
+    ax.legend(loc="upper right", fontsize=8)
+    ax.grid(axis="x", visible=False)
+    return stamp(fig, result)
+
+
+def blind_spot_table(result: Result) -> HtmlTable:
+    """The blind-spot cases as a table: what each detector reported, and the real wait."""
+    d = result.data
+    rows, hi = [], []
+    for c in d["cases"]:
+        waited = c["host_blocked_ms"]["median"]
+        rows.append([c["label"], c["debug_mode_syncs"], c["detector_syncs"], ", ".join(c["detector_kinds"]) or "-",
+                     f"{waited:.2f}"])
+        hi.append(c["debug_mode_syncs"] == 0 and waited >= 0.5 * d["work_ms"])
+    return HtmlTable(["case", "debug mode", "detector", "detector's kinds", f"host waits (ms of {d['work_ms']:g})"],
+                     rows, caption=f"{result.caption()}. Shaded: the host waited and the debug mode said nothing.",
+                     highlight=hi)

@@ -1,0 +1,721 @@
+"""Chapter 2 (cross-stream memory): CPU tests of everything that needs no GPU, recorded-mode
+tests against experiments/recorded/, and GPU tests (``-m gpu``) that assert the claims live.
+
+CPU tests that need data use ``synthetic`` below: a small model of the pipeline that gives
+plausibly shaped numbers (never compared with measurements), so that schemas, plots,
+widgets and the notebook can be exercised without a GPU.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+
+import pytest
+from matplotlib.figure import Figure
+
+import experiments as ex
+from experiments import claims, registry, store
+from experiments import streams
+from experiments import streams_checks
+from experiments.device import Provenance
+from experiments.streams_pipeline import (STRATEGIES, block_ids, buffer_numel, max_live_buffers, overlap_ms,
+                                          union_intervals)
+
+MiB = 2**20
+ROOT = Path(__file__).resolve().parent.parent
+STREAMS_IDS = ("streams.strategies", "streams.pipeline", "streams.runahead", "streams.memory_cap", "streams.timeline")
+CLAIM_IDS = ("streams.race", "streams.fixes_correct", "streams.record_stream_runahead", "streams.event_bounded",
+             "streams.allocated_misses_parked")
+
+PROV = Provenance(gpu_name="Synthetic GPU", compute_capability="9.0", total_memory_bytes=80 * 2**30,
+                  driver="0", cuda="0", torch="0", python="3", date="2026-01-01T00:00:00+00:00",
+                  git_commit="test")
+
+
+# ---------------------------------------------------------------- a model for plausible data
+
+def _model_blocks(strategy: str, layers: int, consumer_ms: float, host_ms: float, in_flight: int) -> int:
+    if strategy == "record_stream":
+        if consumer_ms <= host_ms or consumer_ms < 0.2:
+            return 1
+        return max(1, min(layers, round(layers * (1 - host_ms / consumer_ms))))
+    if strategy == "event":
+        return min(layers, in_flight + 1)
+    return 1
+
+
+def _reads(layers: int, corrupted: bool) -> list[float]:
+    return [float(layers)] * layers if corrupted else [float(k) for k in range(1, layers + 1)]
+
+
+def synthetic(exp_id: str, point: dict) -> dict:
+    """Plausibly shaped data for one grid point of a streams experiment."""
+    if exp_id == "streams.strategies":
+        L, p, c, n = point["layers"], point["producer_ms"], point["consumer_ms"], point["in_flight"]
+        buf, trials = buffer_numel(point["buffer_mib"]) * 4, point["trials"]
+        race = c > p
+        res = {}
+        for s in STRATEGIES:
+            blocks = _model_blocks(s, L, c if s == "record_stream" else 0, 0, n)
+            stall = s == "stall"
+            res[s] = {
+                "trials": trials, "corrupted_trials": trials if (s == "unprotected" and race) else 0,
+                "corrupted_layers_max": L - 1 if (s == "unprotected" and race) else 0, "distinct_blocks": blocks,
+                "peak_allocated_bytes": (n + 1 if s == "event" else 1) * buf, "peak_active_bytes": blocks * buf,
+                "peak_reserved_bytes": blocks * buf,
+                "span_ms": L * (p + c) + 0.2 if stall else p + L * max(p, c) + 0.05,
+                "overlap_ms": 0.0 if stall else (L - 1) * min(p, c), "wall_ms": L * (p + c) + 1.0,
+                "host_loop_ms": L * (p + c) if stall else 0.1 * L,
+                "read_mean": _reads(L, s == "unprotected" and race),
+            }
+        return {"strategies": list(STRATEGIES), "buffer_bytes": buf, "layers": L, "in_flight": n,
+                "serial_ms": L * (p + c), "results": res}
+    if exp_id == "streams.pipeline":
+        s, L, c, h, n = point["strategy"], point["layers"], point["consumer_ms"], point["host_delay_ms"], point["in_flight"]
+        buf = buffer_numel(point["buffer_mib"]) * 4
+        blocks = _model_blocks(s, L, c, h, n)
+        bad = s == "unprotected" and c > h
+        return {"strategy": s, "layers": L, "buffer_bytes": buf, "in_flight": n, "distinct_blocks": blocks,
+                "corrupted_layers": L - 1 if bad else 0, "read_mean": _reads(L, bad),
+                "peak_allocated_bytes": (n + 1 if s == "event" else 1) * buf, "peak_active_bytes": blocks * buf,
+                "peak_reserved_bytes": blocks * buf, "num_alloc_retries": 0, "span_ms": L * max(c, h) + 0.1,
+                "wall_ms": L * max(c, h) + 1, "host_loop_ms": L * (h + 0.05), "worst_alloc_ms": 0.2}
+    if exp_id == "streams.runahead":
+        L, n, buf = point["layers"], point["in_flight"], buffer_numel(point["buffer_mib"]) * 4
+        pts = [{"consumer_ms": c, "host_delay_ms": h, "runahead_ms": c - h} for c, h in streams.RUNAHEAD_POINTS]
+        out = {"layers": L, "buffer_bytes": buf, "in_flight": n, "repeats": point["repeats"], "points": pts}
+        for s in ("record_stream", "event"):
+            blocks = [_model_blocks(s, L, pt["consumer_ms"], pt["host_delay_ms"], n) for pt in pts]
+            out[s] = {"peak_active_bytes": [b * buf for b in blocks],
+                      "peak_allocated_bytes": [(n + 1 if s == "event" else 1) * buf for _ in pts],
+                      "peak_reserved_bytes": [b * buf for b in blocks], "distinct_blocks": blocks,
+                      "corrupted_layers": [0 for _ in pts],
+                      "span_ms": [L * max(pt["consumer_ms"], pt["host_delay_ms"]) for pt in pts],
+                      "host_loop_ms": [L * (pt["host_delay_ms"] + 0.05) for pt in pts]}
+        return out
+    if exp_id == "streams.memory_cap":
+        L = point["layers"]
+        spikes = {15, 30, 45}
+        rs = [37.0 if i in spikes else 0.08 for i in range(L)]
+        ev = [0.4] + [0.01] * (L - 1)
+        base = {"peak_active_bytes": 0, "wall_ms": 130.0, "span_ms": 121.0, "corrupted_layers": 0, "oom": False,
+                "message": "", "num_ooms": 0}
+        return {"cap_mib": point["cap_mib"], "layers": L, "buffer_bytes": point["buffer_mib"] * MiB,
+                "strategies": {
+                    "record_stream": {**base, "num_alloc_retries": 3, "alloc_host_ms": rs, "worst_alloc_ms": max(rs),
+                                      "peak_reserved_bytes": 992 * MiB, "peak_active_bytes": 960 * MiB},
+                    "event": {**base, "num_alloc_retries": 0, "alloc_host_ms": ev, "worst_alloc_ms": max(ev),
+                              "peak_reserved_bytes": 128 * MiB, "peak_active_bytes": 128 * MiB}}}
+    if exp_id == "streams.timeline":
+        s, L, p, c, n = point["strategy"], point["layers"], point["producer_ms"], point["consumer_ms"], point["in_flight"]
+        prod, cons, host, dels = [], [], [], []
+        t_c = 0.0
+        for i in range(L):
+            ps = (i * (p + c)) if s == "stall" else (i * p if s != "event" else max(i * p, (i - n - 1) * c + p + c if i > n else 0))
+            prod.append([ps, ps + p])
+            cs = max(ps + p, t_c)
+            cons.append([cs, cs + c])
+            t_c = cs + c
+            hs = cons[i - 1][1] if (s == "stall" and i) else 0.02 * i
+            host.append([hs, (cs + c) if s == "stall" else hs + 0.02])
+            dels.append(host[-1][1] - 0.005)
+        blocks = {"unprotected": [0] * L, "stall": [0] * L, "record_stream": list(range(L)),
+                  "event": [i % (n + 1) for i in range(L)]}[s]
+        bad = s == "unprotected" and c > p
+        return {"strategy": s, "layers": L, "span_ms": t_c, "producer": prod, "consumer": cons, "host": host,
+                "del_ms": dels, "block": blocks, "read_mean": _reads(L, bad), "corrupted_layers": L - 1 if bad else 0,
+                "distinct_blocks": len(set(blocks))}
+    raise KeyError(exp_id)
+
+
+def fake_result(exp_id: str, **params) -> registry.Result:
+    point = registry.get(exp_id).complete(params)
+    return registry.Result(exp_id, point, synthetic(exp_id, point), PROV, "recorded", 1.0)
+
+
+@pytest.fixture
+def fake_recording(tmp_path, monkeypatch):
+    """Every grid point of every streams experiment, synthetic, saved through the store
+    (so the data schemas are checked), and recorded mode pointing at it."""
+    for exp in registry.all_experiments(2):
+        points = [store.RecordedPoint(pt, synthetic(exp.id, pt), 0.1) for pt in exp.grid]
+        store.save(exp.id, exp.chapter, PROV, points, data_schema=exp.data_schema, root=tmp_path)
+    monkeypatch.setenv("CUDA_MEMLAB_RECORDED_DIR", str(tmp_path))
+    monkeypatch.setenv("CUDA_MEMLAB_MODE", "recorded")
+    return tmp_path
+
+
+# ================================================================ registry, params, sizes
+
+def test_experiments_and_claims_are_registered():
+    ids = [e.id for e in registry.all_experiments(2)]
+    assert sorted(ids) == sorted(STREAMS_IDS)
+    assert [c.id for c in claims.all_claims(2)] == list(CLAIM_IDS)
+    for c in claims.all_claims(2):
+        assert c.experiment in STREAMS_IDS and c.source == streams.POST_URL
+        exp = registry.get(c.experiment)
+        point = exp.complete(c.params)
+        assert store.params_key(point) in {store.params_key(g) for g in exp.grid}, f"{c.id} is evaluated off-grid"
+
+
+def test_runahead_claim_point_has_32_layers():
+    assert registry.get("streams.runahead").defaults["layers"] == 32
+
+
+def _estimated_seconds(exp_id: str, pt: dict) -> float:
+    """GPU-time model of one grid point (ms of sleeps, plus per-run overhead)."""
+    if exp_id == "streams.strategies":
+        p, c, L = pt["producer_ms"], pt["consumer_ms"], pt["layers"]
+        per_trial = 3 * (p + L * max(p, c)) + L * (p + c) + 4 * 5
+        return pt["trials"] * per_trial / 1e3
+    if exp_id == "streams.pipeline":
+        return (pt["layers"] * (pt["consumer_ms"] + pt["host_delay_ms"]) + 100) / 1e3
+    if exp_id == "streams.runahead":
+        return pt["repeats"] * 2 * sum(pt["layers"] * max(c, h) + 10 for c, h in streams.RUNAHEAD_POINTS) / 1e3
+    if exp_id == "streams.memory_cap":
+        return 10.0  # a fresh process: import torch, start CUDA, two short runs
+    return 0.3
+
+
+def test_whole_grid_fits_the_time_budget():
+    total = sum(_estimated_seconds(e.id, pt) for e in registry.all_experiments(2) for pt in e.grid)
+    assert total < 75, f"chapter 2's grid is estimated at {total:.0f} s of GPU time; the budget is 60-90 s"
+
+
+@pytest.mark.parametrize("exp_id, params, words", [
+    ("streams.pipeline", {"layers": 0}, ["layers", "[1, 64]"]),
+    ("streams.pipeline", {"buffer_mib": -64}, ["buffer_mib", "[1, 1024]"]),
+    ("streams.pipeline", {"strategy": "wait_stream"}, ["strategy", "'event'"]),
+    ("streams.pipeline", {"consumer_ms": -1.0}, ["consumer_ms"]),
+    ("streams.pipeline", {"in_flight": 9}, ["in_flight", "[0, 8]"]),
+    ("streams.pipeline", {"bogus": 1}, ["bogus", "parameters are"]),
+    ("streams.strategies", {"layers": 1}, ["layers", "[2, 32]"]),
+    ("streams.strategies", {"trials": 0}, ["trials"]),
+    ("streams.runahead", {"repeats": 0}, ["repeats"]),
+    ("streams.memory_cap", {"cap_mib": 100}, ["cap_mib", "[256, 16384]"]),
+    ("streams.timeline", {"layers": 9}, ["layers", "[2, 8]"]),
+])
+def test_bad_parameters_are_rejected_before_any_gpu_work(exp_id, params, words):
+    with pytest.raises(ValueError) as err:
+        ex.run(exp_id, mode="live", **params)
+    for w in words:
+        assert w in str(err.value)
+
+
+@pytest.mark.parametrize("func, kwargs", [
+    (streams.pipeline, {"layers": 0}),
+    (streams.strategies, {"buffer_mib": 0}),
+    (streams.runahead, {"layers": 2}),
+    (streams.timeline, {"strategy": "nope"}),
+    (streams.memory_cap, {"layers": 4}),
+])
+def test_direct_calls_validate_too(func, kwargs):
+    with pytest.raises(ValueError):
+        func(**kwargs)
+
+
+def test_validate_cap_messages():
+    streams.validate_cap(48, 64, 1024, 1)
+    with pytest.raises(ValueError, match=r"cap_mib must be at least .* = 192 MiB"):
+        streams.validate_cap(48, 64, 150, 1)
+    with pytest.raises(ValueError, match=r"layers × buffer_mib must be at least 1.5 × cap_mib"):
+        streams.validate_cap(10, 64, 1024, 1)
+    with pytest.raises(ValueError, match="cap_mib"):
+        streams.memory_cap(cap_mib=256, buffer_mib=128, in_flight=1)
+
+
+def test_sizes_beyond_the_device_are_rejected(monkeypatch):
+    import experiments.device as device
+
+    monkeypatch.setattr(device, "total_memory_bytes", lambda device=0: 16 * 2**30)
+    with pytest.raises(ValueError, match=r"layers × buffer_mib needs 65536 MiB"):
+        streams.pipeline(strategy="record_stream", layers=64, buffer_mib=1024)
+    # the event handoff holds (in_flight + 1) buffers only, so the same layers fit
+    streams._size_check("event", 64, 1024, 1)
+    with pytest.raises(ValueError, match="cap_mib"):
+        streams.memory_cap(cap_mib=16000, layers=128, buffer_mib=256)
+
+
+# ================================================================ pure helpers
+
+def test_buffer_numel_is_whole_rows_and_rejects_small_sizes():
+    assert buffer_numel(64) == 64 * MiB // 4
+    assert buffer_numel(1) % 1024 == 0
+    with pytest.raises(ValueError, match="buffer_mib"):
+        buffer_numel(0.5)
+
+
+def test_max_live_buffers():
+    assert max_live_buffers("record_stream", 32, 1) == 32
+    assert max_live_buffers("event", 32, 1) == 2
+    assert max_live_buffers("event", 2, 4) == 2
+    assert max_live_buffers("stall", 32, 1) == max_live_buffers("unprotected", 32, 3) == 1
+    with pytest.raises(ValueError, match="strategy"):
+        max_live_buffers("wait_stream", 4, 1)
+
+
+def test_union_and_overlap():
+    assert union_intervals([(3, 4), (0, 1), (0.5, 2)]) == [(0.0, 2.0), (3.0, 4.0)]
+    assert overlap_ms([(0, 10)], [(2, 3), (5, 7)]) == pytest.approx(3.0)
+    assert overlap_ms([(0, 1), (2, 3)], [(1, 2)]) == 0.0
+    assert overlap_ms([], [(0, 1)]) == 0.0
+    # a pipelined run: producer i+1 beside consumer i
+    prod = [(i * 0.5, i * 0.5 + 0.5) for i in range(4)]
+    cons = [(0.5 + 2 * i, 2.5 + 2 * i) for i in range(4)]
+    assert overlap_ms(prod, cons) == pytest.approx(1.5)
+
+
+def test_block_ids():
+    assert block_ids([7, 9, 7, 11, 9]) == [0, 1, 0, 2, 1]
+    assert block_ids([]) == []
+
+
+# ================================================================ claims
+
+def test_claims_hold_on_model_data():
+    race = fake_result("streams.strategies").data
+    sweep = fake_result("streams.runahead").data
+    for cid, data in [("streams.race", race), ("streams.fixes_correct", race), ("streams.record_stream_runahead", sweep),
+                      ("streams.event_bounded", sweep), ("streams.allocated_misses_parked", sweep)]:
+        holds, measured = claims.get_claim(cid).predicate(data)
+        assert holds, (cid, measured)
+        assert measured
+
+
+def test_claims_fail_when_the_data_says_so():
+    import copy
+
+    race = fake_result("streams.strategies").data
+    no_race = copy.deepcopy(race)
+    no_race["results"]["unprotected"]["corrupted_trials"] = 0
+    assert not claims.get_claim("streams.race").predicate(no_race)[0]
+    broken_fix = copy.deepcopy(race)
+    broken_fix["results"]["record_stream"]["corrupted_trials"] = 1
+    holds, measured = claims.get_claim("streams.fixes_correct").predicate(broken_fix)
+    assert not holds and measured["record_stream_corrupted"] == 1
+
+    sweep = fake_result("streams.runahead").data
+    flat = copy.deepcopy(sweep)
+    flat["record_stream"]["peak_active_bytes"] = [4 * sweep["buffer_bytes"]] * len(sweep["points"])
+    holds, measured = claims.get_claim("streams.record_stream_runahead").predicate(flat)
+    assert not holds and measured["ratio"] == pytest.approx(1.0)
+    leaky = copy.deepcopy(sweep)
+    leaky["event"]["peak_active_bytes"][3] = 3 * sweep["buffer_bytes"]
+    holds, measured = claims.get_claim("streams.event_bounded").predicate(leaky)
+    assert not holds and measured["bound_mib"] == 128
+    # within the 1 MiB slack still holds; beyond it does not
+    leaky["event"]["peak_active_bytes"][3] = 2 * sweep["buffer_bytes"] + MiB // 2
+    assert claims.get_claim("streams.event_bounded").predicate(leaky)[0]
+    visible = copy.deepcopy(sweep)
+    visible["record_stream"]["peak_allocated_bytes"] = list(sweep["record_stream"]["peak_active_bytes"])
+    assert not claims.get_claim("streams.allocated_misses_parked").predicate(visible)[0]
+
+
+def test_runahead_extremes_are_found_by_runahead_not_position():
+    sweep = fake_result("streams.runahead").data
+    lo, hi = streams._extreme_points(sweep)
+    assert sweep["points"][lo] == {"consumer_ms": 10.0, "host_delay_ms": 20.0, "runahead_ms": -10.0}
+    assert sweep["points"][hi]["runahead_ms"] == max(c - h for c, h in streams.RUNAHEAD_POINTS)
+
+
+# ================================================================ exercise checks
+
+def test_check_block_predictions():
+    r = fake_result("streams.strategies")
+    right = {s: r["results"][s]["distinct_blocks"] for s in STRATEGIES}
+    assert streams.check_block_predictions(None).correct is None
+    assert streams.check_block_predictions(right, r).correct is True
+    off_by_one = {**right, "record_stream": right["record_stream"] - 1}
+    assert streams.check_block_predictions(off_by_one, r).correct is True
+    wrong = {**right, "record_stream": 2, "unprotected": 4}
+    fb = streams.check_block_predictions(wrong, r)
+    assert fb.correct is False and "polls its event" in fb.message and "straight back" in fb.message
+    assert streams.check_block_predictions({"unprotected": 1}, r).correct is False
+    assert streams.check_block_predictions({s: None for s in STRATEGIES}, r).correct is False
+
+
+def test_check_peak_prediction():
+    r = fake_result("streams.runahead")
+    k = streams_checks._point_index(r.data, 10.0, 5.0)
+    expected = r["record_stream"]["peak_active_bytes"][k] / MiB
+    assert streams.check_peak_prediction(None).correct is None
+    assert streams.check_peak_prediction(expected * 1.1, r).correct is True
+    fb = streams.check_peak_prediction(32 * 64, r)
+    assert fb.correct is False and "every layer" in fb.message
+    fb = streams.check_peak_prediction(128, r)
+    assert fb.correct is False and "event handoff" in fb.message
+    assert streams.check_peak_prediction("lots", r).correct is False
+
+
+def test_check_allocated_peak():
+    r = fake_result("streams.runahead")
+    k = streams_checks._point_index(r.data, 10.0, 0.0)
+    assert streams.check_allocated_peak(None).correct is None
+    assert streams.check_allocated_peak(r["record_stream"]["peak_allocated_bytes"][k] / MiB, r).correct is True
+    fb = streams.check_allocated_peak(r["record_stream"]["peak_active_bytes"][k] / MiB, r)
+    assert fb.correct is False and "active" in fb.message
+
+
+def test_point_index_missing():
+    with pytest.raises(LookupError, match="consumer_ms=3"):
+        streams_checks._point_index(fake_result("streams.runahead").data, 3.0, 0.0)
+
+
+@pytest.mark.parametrize("check, right", [(streams.check_allocation_stream, "c"), (streams.check_cap_stall, "b")])
+def test_choice_checks(check, right):
+    assert check(None).correct is None
+    assert check(right).correct is True
+    for other in "abcd":
+        if other != right:
+            fb = check(other)
+            assert fb.correct is False and fb.message
+    assert check("e").correct is False
+
+
+def test_check_event_handoff_without_answer_or_gpu(monkeypatch):
+    assert streams.check_event_handoff(None).correct is None
+    assert streams.check_event_handoff("my_handoff").correct is False
+    with pytest.raises(ValueError, match="layers"):
+        streams.check_event_handoff(streams.reference_handoff, layers=1)
+    with pytest.raises(ValueError, match="buffer_mib"):
+        streams.check_event_handoff(streams.reference_handoff, buffer_mib=0)
+    monkeypatch.setattr(streams_checks, "has_cuda", lambda: False)
+    fb = streams.check_event_handoff(streams.reference_handoff)
+    assert fb.correct is None and "GPU" in fb.message
+
+
+# ================================================================ plots
+
+def _footer(fig: Figure) -> str:
+    return " ".join(t.get_text() for t in fig.texts)
+
+
+def test_plot_strategies():
+    r = fake_result("streams.strategies")
+    fig = streams.plot_strategies(r)
+    assert isinstance(fig, Figure) and len(fig.axes) == 3
+    a0, a1, a2 = fig.axes
+    assert len(a0.patches) == 4
+    colors = [p.get_facecolor() for p in a0.patches]
+    assert colors[0] != colors[1]  # corrupted (unprotected) against correct (stall)
+    assert len(a1.patches) == 12  # allocated, active, reserved per strategy
+    assert "MiB" in a1.get_ylabel() and "ms" in a2.get_ylabel()
+    assert "Synthetic GPU" in _footer(fig)
+
+
+def test_plot_pipeline():
+    r = fake_result("streams.pipeline", strategy="unprotected", consumer_ms=10.0)
+    fig = streams.plot_pipeline(r)
+    assert len(fig.axes) == 2
+    assert "31 of 32" in fig.axes[0].get_title()
+    assert len(fig.axes[1].patches) == 3
+
+
+def test_plot_runahead_and_counters():
+    r = fake_result("streams.runahead")
+    fig = streams.plot_runahead(r)
+    assert len(fig.axes) == 2
+    left, right = fig.axes
+    labelled = [ln for ln in left.get_lines() if not ln.get_label().startswith("_")]
+    assert len(labelled) == 3
+    assert len(left.get_xticks()) == sum(1 for _, h in streams.RUNAHEAD_POINTS if h == 0)
+    fig = streams.plot_counters(r)
+    assert len(fig.axes[0].patches) == 6
+    with pytest.raises(ValueError, match="point"):
+        streams.plot_counters(r, point=99)
+
+
+def test_plot_memory_cap():
+    r = fake_result("streams.memory_cap")
+    fig = streams.plot_memory_cap(r)
+    assert fig.axes[0].get_yscale() == "log"
+    assert len([ln for ln in fig.axes[0].get_lines() if len(ln.get_xdata())]) == 2
+    assert len(fig.axes[1].patches) == 2
+    oom = fake_result("streams.memory_cap")
+    oom.data["strategies"]["record_stream"].update(oom=True, alloc_host_ms=[])
+    assert isinstance(streams.plot_memory_cap(oom), Figure)
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+def test_plot_timeline(strategy):
+    r = fake_result("streams.timeline", strategy=strategy)
+    fig = streams.plot_timeline(r)
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["host", "producer stream", "consumer stream"]
+    assert len(ax.patches) == 3 * r["layers"]
+    markers = [ln for ln in ax.get_lines() if ln.get_marker() == "v" and len(ln.get_xdata())]
+    assert len(markers[0].get_xdata()) == r["layers"]
+
+
+# ================================================================ widgets and notebook
+
+def test_panels_build_in_recorded_mode(fake_recording):
+    ipywidgets = pytest.importorskip("ipywidgets")
+    for args, kw in [(("streams.strategies", streams.plot_strategies), {"params": ["consumer_ms", "layers"]}),
+                     (("streams.pipeline", streams.plot_pipeline), {"params": ["strategy", "consumer_ms", "host_delay_ms"]}),
+                     (("streams.pipeline", streams.plot_pipeline), {"params": ["in_flight"], "strategy": "event"}),
+                     (("streams.timeline", streams.plot_timeline), {"params": ["strategy"]})]:
+        box = ex.panel(*args, **kw)
+        assert isinstance(box, ipywidgets.VBox)
+        controls = box.children[1].children
+        assert len(controls) == len(kw["params"])
+
+
+def test_every_pipeline_panel_combination_is_recorded():
+    grid = {store.params_key(pt) for pt in registry.get("streams.pipeline").grid}
+    exp = registry.get("streams.pipeline")
+    for s in STRATEGIES:
+        for c in (0.0, 1.0, 10.0):
+            for h in (0.0, 5.0, 20.0):
+                assert store.params_key(exp.complete({"strategy": s, "consumer_ms": c, "host_delay_ms": h})) in grid
+    for n in (0, 1, 2, 4):
+        assert store.params_key(exp.complete({"strategy": "event", "in_flight": n})) in grid
+
+
+def _notebook_source() -> str:
+    return (ROOT / "book" / "src" / "ch2_cross_stream.py").read_text()
+
+
+def test_notebook_structure():
+    import jupytext
+
+    src = _notebook_source()
+    nb = jupytext.reads(src, fmt="py:percent")
+    assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith("# ")
+    labels = [line.split(":label:")[1].strip() for line in src.splitlines() if ":label:" in line]
+    assert len(labels) >= 4
+    for label in labels:
+        assert f"{{solution}} {label}" in src, f"exercise {label} has no solution"
+    assert src.count(":class: dropdown") >= len(labels)
+    for check in ("check_block_predictions", "check_peak_prediction", "check_allocated_peak", "check_cap_stall",
+                  "check_event_handoff", "check_allocation_stream"):
+        assert f"streams.{check}(" in src
+    assert "ex.claims_table(chapter=2)" in nb.cells[-1].source
+    assert streams.POST_URL in src
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    assert "torch.cuda" not in code, "notebook code must go through ex.run / panels / checks"
+
+
+def test_notebook_is_in_sync():
+    import importlib.util
+
+    import nbformat
+
+    spec = importlib.util.spec_from_file_location("sync_notebooks", ROOT / "scripts" / "sync_notebooks.py")
+    sync = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sync)
+    built = nbformat.writes(sync.build(ROOT / "book" / "src" / "ch2_cross_stream.py", sync.repo_url()), version=4) + "\n"
+    assert (ROOT / "book" / "ch2_cross_stream.ipynb").read_text() == built, "run scripts/sync_notebooks.py"
+
+
+@pytest.mark.slow
+def test_notebook_executes_on_cpu_with_model_data(fake_recording, monkeypatch):
+    import nbclient
+    import nbformat
+
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    nb = nbformat.read(ROOT / "book" / "ch2_cross_stream.ipynb", as_version=4)
+    nbclient.NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}).execute()
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
+    assert not errors
+
+
+# ================================================================ recorded results (written by the lab GPU run)
+
+@pytest.mark.parametrize("exp_id", STREAMS_IDS)
+def test_recorded_grid_is_complete_and_renders(exp_id, recorded_mode):
+    exp = registry.get(exp_id)
+    rec = store.load(exp_id, data_schema=exp.data_schema)
+    missing = [pt for pt in exp.grid if rec.find(pt) is None]
+    assert not missing, f"{exp_id}: grid points not recorded: {missing}"
+    plot = {"streams.strategies": streams.plot_strategies, "streams.pipeline": streams.plot_pipeline,
+            "streams.runahead": streams.plot_runahead, "streams.memory_cap": streams.plot_memory_cap,
+            "streams.timeline": streams.plot_timeline}[exp_id]
+    r = ex.run(exp_id)
+    assert r.recorded
+    assert isinstance(plot(r), Figure)
+
+
+def test_recorded_claims_hold(recorded_mode):
+    results = claims.evaluate_all(2, mode="recorded")
+    assert [r.id for r in results] == list(CLAIM_IDS)
+    for r in results:
+        assert r.holds is True, f"{r.id}: {r.holds} with {r.measured} {r.error}"
+
+
+def test_recorded_data_is_consistent(recorded_mode):
+    race = ex.run("streams.strategies")
+    L, n, buf = race["layers"], race["in_flight"], race["buffer_bytes"]
+    res = race["results"]
+    assert res["unprotected"]["distinct_blocks"] == 1 and res["stall"]["distinct_blocks"] == 1
+    assert res["event"]["distinct_blocks"] == n + 1
+    assert res["record_stream"]["distinct_blocks"] >= L - 1
+    assert res["event"]["peak_active_bytes"] <= (n + 1) * buf + streams.SLACK_BYTES
+    assert res["stall"]["span_ms"] > res["event"]["span_ms"], "the stall should lose the overlap"
+    sweep = ex.run("streams.runahead")
+    assert all(b == sweep["in_flight"] + 1 for b in sweep["event"]["distinct_blocks"])
+    assert not any(sweep["record_stream"]["corrupted_layers"]) and not any(sweep["event"]["corrupted_layers"])
+    cap = ex.run("streams.memory_cap")["strategies"]
+    assert cap["record_stream"]["num_alloc_retries"] >= 1 and cap["event"]["num_alloc_retries"] == 0
+
+
+def test_recorded_checks_accept_the_measured_answers(recorded_mode):
+    race = ex.run("streams.strategies")
+    right = {s: race["results"][s]["distinct_blocks"] for s in STRATEGIES}
+    assert streams.check_block_predictions(right).correct is True
+    assert streams.check_block_predictions({**right, "event": right["event"] + 3}).correct is False
+    sweep = ex.run("streams.runahead")
+    k = streams_checks._point_index(sweep.data, 10.0, 5.0)
+    assert streams.check_peak_prediction(sweep["record_stream"]["peak_active_bytes"][k] / MiB).correct is True
+    k = streams_checks._point_index(sweep.data, 10.0, 0.0)
+    assert streams.check_allocated_peak(sweep["record_stream"]["peak_allocated_bytes"][k] / MiB).correct is True
+
+
+def test_recorded_panels_build(recorded_mode):
+    pytest.importorskip("ipywidgets")
+    ex.panel("streams.pipeline", streams.plot_pipeline, params=["strategy", "consumer_ms", "host_delay_ms"])
+    ex.panel("streams.pipeline", streams.plot_pipeline, params=["in_flight"], strategy="event")
+    ex.panel("streams.timeline", streams.plot_timeline, params=["strategy"])
+    ex.panel("streams.strategies", streams.plot_strategies, params=["consumer_ms", "layers"])
+
+
+# ================================================================ GPU: the claims, live
+
+def _mib(x: float) -> str:
+    return f"{x / MiB:.0f} MiB"
+
+
+@pytest.mark.gpu
+def test_live_strategies(live_mode):
+    r = ex.run("streams.strategies", mode="live")
+    res, L, n, buf = r["results"], r["layers"], r["in_flight"], r["buffer_bytes"]
+    for cid in ("streams.race", "streams.fixes_correct"):
+        holds, measured = claims.get_claim(cid).predicate(r.data)
+        assert holds, f"{cid} does not hold: {measured}"
+    blocks = {s: res[s]["distinct_blocks"] for s in STRATEGIES}
+    assert blocks["unprotected"] == 1 and blocks["stall"] == 1, blocks
+    assert blocks["event"] == n + 1, blocks
+    assert blocks["record_stream"] >= L - 1, f"record_stream used {blocks['record_stream']} blocks for {L} layers"
+    assert res["event"]["peak_active_bytes"] <= (n + 1) * buf + streams.SLACK_BYTES, \
+        f"event handoff active peak {_mib(res['event']['peak_active_bytes'])} above {(n + 1)} buffers"
+    assert res["record_stream"]["peak_active_bytes"] >= 3 * buf, \
+        f"record_stream active peak only {_mib(res['record_stream']['peak_active_bytes'])}"
+    assert res["record_stream"]["peak_allocated_bytes"] < res["record_stream"]["peak_active_bytes"]
+    # the stall serialises producer and consumer: it loses the overlap the others keep
+    assert res["stall"]["span_ms"] > res["event"]["span_ms"] + 0.5, \
+        {s: round(res[s]["span_ms"], 2) for s in STRATEGIES}
+    assert res["event"]["overlap_ms"] > res["stall"]["overlap_ms"] + 0.5, \
+        {s: round(res[s]["overlap_ms"], 2) for s in STRATEGIES}
+    assert res["unprotected"]["read_mean"][0] > 1, res["unprotected"]["read_mean"]
+
+
+@pytest.mark.gpu
+def test_live_race_depends_on_timing(live_mode):
+    # The same unprotected code: with no consumer compute the read ends long before the
+    # next fill reaches the block; with 2 ms it is overwritten first.
+    fast = ex.run("streams.strategies", mode="live", consumer_ms=0.0, trials=5)["results"]
+    slow = ex.run("streams.strategies", mode="live", consumer_ms=2.0, trials=5)["results"]
+    assert fast["unprotected"]["corrupted_trials"] < slow["unprotected"]["corrupted_trials"], \
+        (fast["unprotected"], slow["unprotected"])
+    assert all(fast[s]["corrupted_trials"] == 0 for s in ("stall", "record_stream", "event"))
+
+
+@pytest.mark.gpu
+def test_live_runahead(live_mode):
+    r = ex.run("streams.runahead", mode="live")
+    for cid in ("streams.record_stream_runahead", "streams.event_bounded", "streams.allocated_misses_parked"):
+        holds, measured = claims.get_claim(cid).predicate(r.data)
+        assert holds, f"{cid} does not hold: {measured}"
+    lo, hi = streams._extreme_points(r.data)
+    rs = r["record_stream"]
+    assert rs["distinct_blocks"][hi] >= 0.9 * r["layers"], rs["distinct_blocks"]
+    assert rs["distinct_blocks"][lo] <= 2, rs["distinct_blocks"]
+    assert all(b == r["in_flight"] + 1 for b in r["event"]["distinct_blocks"]), r["event"]["distinct_blocks"]
+    assert not any(rs["corrupted_layers"]) and not any(r["event"]["corrupted_layers"])
+
+
+@pytest.mark.gpu
+def test_live_pipeline_in_flight(live_mode):
+    for n in (0, 2):
+        r = ex.run("streams.pipeline", mode="live", strategy="event", in_flight=n, layers=8, consumer_ms=2.0)
+        assert r["corrupted_layers"] == 0, r.data
+        assert r["distinct_blocks"] == n + 1, f"in_flight={n}: {r['distinct_blocks']} blocks"
+        assert r["peak_active_bytes"] <= (n + 1) * r["buffer_bytes"] + streams.SLACK_BYTES, _mib(r["peak_active_bytes"])
+
+
+@pytest.mark.gpu
+def test_live_memory_cap(live_mode):
+    r = ex.run("streams.memory_cap", mode="live")
+    rs, ev = r["strategies"]["record_stream"], r["strategies"]["event"]
+    assert not rs["oom"] and not ev["oom"], (rs["message"], ev["message"])
+    assert rs["num_alloc_retries"] >= 1, f"record_stream under the cap: {rs['num_alloc_retries']} retries"
+    assert rs["worst_alloc_ms"] >= 5, f"record_stream's worst allocation took only {rs['worst_alloc_ms']:.2f} ms"
+    assert ev["num_alloc_retries"] == 0, f"event handoff: {ev['num_alloc_retries']} retries"
+    assert ev["worst_alloc_ms"] < rs["worst_alloc_ms"] / 3, (ev["worst_alloc_ms"], rs["worst_alloc_ms"])
+    assert rs["corrupted_layers"] == 0 and ev["corrupted_layers"] == 0
+
+
+@pytest.mark.gpu
+def test_live_timeline(live_mode):
+    bad = ex.run("streams.timeline", mode="live", strategy="unprotected")
+    assert bad["distinct_blocks"] == 1
+    # layer 2's fill, into the same block, ends while layer 1's consumer still runs
+    assert bad["producer"][1][1] < bad["consumer"][0][1], (bad["producer"][1], bad["consumer"][0])
+    good = ex.run("streams.timeline", mode="live", strategy="event")
+    n = good.params["in_flight"]
+    for i in range(good["layers"] - n - 1):
+        j = i + n + 1  # the layer that reuses layer i's block
+        assert good["block"][j] == good["block"][i]
+        assert good["producer"][j][0] >= good["consumer"][i][1] - 0.01, (i, good["producer"][j], good["consumer"][i])
+    stall = ex.run("streams.timeline", mode="live", strategy="stall")
+    assert overlap_ms(stall["producer"], stall["consumer"]) < 0.1
+
+
+def _unprotected_loop(all_gather, forward, layers, producer, consumer):
+    for layer in range(layers):
+        buf = all_gather(layer)
+        forward(buf, layer)
+        del buf
+
+
+def _stall_loop(all_gather, forward, layers, producer, consumer):
+    for layer in range(layers):
+        buf = all_gather(layer)
+        done = forward(buf, layer)
+        producer.wait_event(done)
+        del buf
+
+
+def _record_stream_loop(all_gather, forward, layers, producer, consumer):
+    for layer in range(layers):
+        buf = all_gather(layer)
+        forward(buf, layer)
+        buf.record_stream(consumer)
+        del buf
+
+
+def _hoarding_loop(all_gather, forward, layers, producer, consumer):
+    kept = []
+    for layer in range(layers):
+        buf = all_gather(layer)
+        kept.append((buf, forward(buf, layer)))
+    for _, done in kept:
+        producer.wait_event(done)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("loop, correct, words", [
+    (streams.reference_handoff, True, "Correct in"),
+    (_unprotected_loop, False, "wrong values"),
+    (_stall_loop, False, "GPU needed"),
+    (_record_stream_loop, False, "record_stream"),
+    (_hoarding_loop, False, "distinct blocks"),
+])
+def test_live_check_event_handoff(loop, correct, words):
+    fb = streams.check_event_handoff(loop)
+    assert fb.correct is correct, f"{loop.__name__}: {fb.message} {dict(fb.details)}"
+    assert words in fb.message, fb.message
+    import torch
+
+    assert "record_stream" not in torch.Tensor.__dict__, "the record_stream ban was not lifted"
