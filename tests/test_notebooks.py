@@ -53,15 +53,19 @@ def test_notebook_is_ready_for_colab(path):
 
 def _execute(path, mode, timeout=900):
     nb = nbformat.read(path, as_version=4)
-    env_before = os.environ.get("CUDA_MEMLAB_MODE")
-    os.environ["CUDA_MEMLAB_MODE"] = mode  # the kernel inherits the environment
+    # The kernel inherits the environment: the mode, and this checkout's package first on
+    # its path (the lab GPU runs the tests from a copy of the tree that is not installed).
+    saved = {k: os.environ.get(k) for k in ("CUDA_MEMLAB_MODE", "PYTHONPATH")}
+    os.environ["CUDA_MEMLAB_MODE"] = mode
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), saved["PYTHONPATH"]]))
     try:
         NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(BOOK)}}).execute()
     finally:
-        if env_before is None:
-            os.environ.pop("CUDA_MEMLAB_MODE", None)
-        else:
-            os.environ["CUDA_MEMLAB_MODE"] = env_before
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     return nb
 
 
