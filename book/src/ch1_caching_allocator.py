@@ -39,7 +39,7 @@ from experiments import allocator as al
 ex.status()
 
 # %% [markdown]
-# ## 1. Blocks, segments and pools
+# ## Blocks, segments and pools
 #
 # The allocator works on two levels. A **segment** is one piece of memory obtained from
 # the driver: one `cudaMalloc`. A **block** is a contiguous piece of a segment; every
@@ -112,7 +112,7 @@ al.plot_anatomy(ex.run("alloc.anatomy", size_bytes=5242880.0, count=3))
 ex.panel("alloc.anatomy", al.plot_anatomy)
 
 # %% [markdown]
-# ## 2. Allocated versus reserved
+# ## Allocated versus reserved
 #
 # `torch.cuda.memory_allocated()` counts the blocks that tensors own.
 # `torch.cuda.memory_reserved()` counts every segment the allocator holds, used or not;
@@ -181,7 +181,7 @@ al.plot_timeline(ex.run("alloc.timeline", small_mib=8))
 # ```
 
 # %% [markdown]
-# ## 3. From fragmentation to out-of-memory
+# ## From fragmentation to out-of-memory
 #
 # When no free block fits and a new segment would exceed what the process may use, the
 # allocator does not give up at once. It first returns every *entirely free* segment to
@@ -301,7 +301,7 @@ al.check_frag_index(None)  # replace None with frag_index
 # :::
 
 # %% [markdown]
-# ## 4. Expandable segments
+# ## Expandable segments
 #
 # With `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` the allocator stops calling
 # `cudaMalloc` for each segment. It uses CUDA's virtual memory API instead: it reserves a
@@ -386,7 +386,7 @@ al.check_reserved_function(None)  # replace None with mapped; classic: al.check_
 # :::
 
 # %% [markdown]
-# ## 5. Order matters: CUDA graphs in a shared pool
+# ## Order matters: CUDA graphs in a shared pool
 #
 # The post's motivating case comes from LLM serving. A server captures one CUDA graph per
 # batch size, and every byte those graphs keep reserved is a byte less for the KV cache.
@@ -427,7 +427,7 @@ al.plot_graph_pools(graphs)
 # `expandable_segments:True` before CUDA starts, and measure `torch.cuda.memory_reserved()`
 # before and after capturing.
 #
-# ## 6. Where expandable segments do not help
+# ## Where expandable segments do not help
 #
 # **Live blocks between free ones.** Expandable segments let free neighbours merge, but a
 # live tensor between two free blocks still keeps them apart. The *interleave* pattern
@@ -491,7 +491,7 @@ al.check_pool_boundary_choice(None)  # "a", "b", "c" or "d"
 # ```
 
 # %% [markdown]
-# ## 7. The knobs
+# ## The knobs
 #
 # `PYTORCH_CUDA_ALLOC_CONF` (from torch 2.9 also `PYTORCH_ALLOC_CONF`) accepts more
 # settings than `expandable_segments`. Each is read when CUDA starts, so each run below is
@@ -539,7 +539,7 @@ print(al.explain_setting_error({"large_segment_size_mb": 40}) or "large_segment_
 print(al.explain_setting_error({"max_split_size_mb": 8}))
 
 # %% [markdown]
-# ## 8. Your own program
+# ## Your own program
 #
 # **Look at the segments.** PyTorch can record every allocation with a stack trace and
 # save a snapshot that its viewer draws:

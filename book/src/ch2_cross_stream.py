@@ -33,7 +33,7 @@ from experiments import streams
 ex.status()
 
 # %% [markdown]
-# ## 1. The one rule that matters here
+# ## The one rule that matters here
 #
 # The caching allocator (chapter 1) keeps freed blocks and hands them out again without
 # asking the driver. Each block remembers the stream that was current when it was
@@ -51,7 +51,7 @@ ex.status()
 # state this rule directly.
 
 # %% [markdown]
-# ## 2. A pipeline, and four ways to let go of a buffer
+# ## A pipeline, and four ways to let go of a buffer
 #
 # The experiments use a toy version of FSDP2's forward pass on one GPU. For each layer
 # *k* = 1, 2, …, a **producer** stream (standing in for the all-gather) allocates the
@@ -137,7 +137,7 @@ my_blocks = {"unprotected": None, "stall": None, "record_stream": None, "event":
 streams.check_block_predictions(None)  # replace None with my_blocks once you have filled it in
 
 # %% [markdown]
-# ## 3. The race, measured
+# ## The race, measured
 #
 # Each strategy runs ten times, the strategies taking turns. For every run the figure
 # counts whether any layer read the wrong values. It shows three peaks of the
@@ -191,7 +191,7 @@ ex.panel("streams.strategies", streams.plot_strategies, params=["consumer_ms", "
 # [sgl-project/sglang#34076](https://github.com/sgl-project/sglang/pull/34076)).
 
 # %% [markdown]
-# ## 4. Watching the streams
+# ## Watching the streams
 #
 # CUDA events recorded around every step give each layer's interval on each stream,
 # measured from one reference event. The host lane shows when the host queued each
@@ -225,7 +225,7 @@ ex.panel("streams.timeline", streams.plot_timeline, params=["strategy"])
 #   the streams overlap as in the event handoff.
 
 # %% [markdown]
-# ## 5. `record_stream` ties memory to CPU run-ahead
+# ## `record_stream` ties memory to CPU run-ahead
 #
 # What does `record_stream` do inside the allocator? It adds the consumer stream to the
 # block's set of users. At `del`, the allocator records one event per user stream and
@@ -295,7 +295,7 @@ streams.plot_runahead(sweep)
 ex.panel("streams.pipeline", streams.plot_pipeline, params=["strategy", "consumer_ms", "host_delay_ms"])
 
 # %% [markdown]
-# ## 6. What `max_memory_allocated()` does not see
+# ## What `max_memory_allocated()` does not see
 #
 # `torch.cuda.max_memory_allocated()` is the number most people look at, and it misses
 # all of this. The allocator lowers its *allocated* counter at `del`, even when the block
@@ -328,7 +328,7 @@ streams.check_allocated_peak(my_allocated_mib)
 streams.plot_counters(sweep)
 
 # %% [markdown]
-# ## 7. Under a memory cap: a stall hidden in an allocation
+# ## Under a memory cap: a stall hidden in an allocation
 #
 # Parked blocks cannot be reused, so `record_stream` exhausts the cache sooner. What
 # happens then? The next experiment runs 48 layers of 64 MiB in a fresh process whose
@@ -369,7 +369,7 @@ streams.plot_memory_cap(capped)
 streams.check_cap_stall(None)  # replace None with "a", "b", "c" or "d"
 
 # %% [markdown]
-# ## 8. Writing the event handoff
+# ## Writing the event handoff
 #
 # The post's recipe, in our words:
 #
@@ -491,7 +491,7 @@ streams.check_event_handoff(None)  # replace None with my_handoff
 streams.check_allocation_stream(None)  # replace None with "a", "b", "c" or "d"
 
 # %% [markdown]
-# ## 9. In your own code
+# ## In your own code
 #
 # - **Find the buffers that cross streams.** Look for any tensor created under
 #   `torch.cuda.stream(side)` and used outside it, or the other way round: side-stream

@@ -33,7 +33,7 @@ from experiments import syncs
 ex.status()
 
 # %% [markdown]
-# ## 1. Run-ahead, and what one sync costs
+# ## Run-ahead, and what one sync costs
 #
 # A kernel launch returns as soon as the kernel is queued. While the host computes the
 # next step's Python (argument parsing, dispatch, your own bookkeeping), the GPU executes
@@ -137,7 +137,7 @@ syncs.check_bubble_cost(bubble_answer)
 ex.panel("syncs.run_ahead", syncs.plot_run_ahead)
 
 # %% [markdown]
-# ## 2. Where syncs hide: the catalogue
+# ## Where syncs hide: the catalogue
 #
 # The host has to wait for the GPU whenever it needs something that only the end of the
 # queue can produce. That happens in two directions.
@@ -257,7 +257,7 @@ ex.panel("syncs.catalogue", syncs.plot_catalogue, params=["numel"])
 ex.panel("syncs.queue_probe", syncs.plot_queue_probe)
 
 # %% [markdown]
-# ## 3. Copies from pageable memory drain the stream
+# ## Copies from pageable memory drain the stream
 #
 # Memory that `malloc` or NumPy gives you is *pageable*: the operating system may move or
 # swap its pages, so the GPU's copy engine cannot simply read it by physical address. For a
@@ -318,7 +318,7 @@ syncs.check_threshold(threshold_mib)
 # as a property of your driver, and pin anything large that you copy every step.
 # ```
 #
-# ## 4. Case study: the metrics helper
+# ## Case study: the metrics helper
 #
 # The post tells a familiar story. A profile shows the host blocked for tens of
 # milliseconds in `loss.item()`; the `.item()` is replaced by an asynchronous copy into
@@ -429,7 +429,7 @@ syncs.check_sync_free_rewrite(None)  # replace None with reduce_grad_stats_sync_
 # the function does not: that is a blocking copy on every call.
 # ````
 #
-# ## 5. A detector you can keep
+# ## A detector you can keep
 #
 # `set_sync_debug_mode("warn")` reports every call site that PyTorch marked as
 # synchronizing, which covers most of the catalogue. It does not report the explicit
