@@ -215,8 +215,7 @@ def check_frag_index(fn: Callable[[list[dict[str, Any]]], float] | None) -> Feed
 
 POOL_BOUNDARY_OPTIONS = {
     "a": "The 0.5 MiB request was rounded up to 2 MiB.",
-    "b": "Requests of at most 1 MiB use the small pool, which cannot take blocks from the large pool's free "
-         "20 MiB segment, so it makes its own 2 MiB segment.",
+    "b": "The 0.5 MiB request uses the small pool, which cannot take the large pool's free 20 MiB.",
     "c": "The freed 2 MiB block was still in use by a kernel, so it could not be reused yet.",
     "d": "The allocator keeps 2 MiB in reserve for CUDA graphs.",
 }
@@ -269,8 +268,8 @@ def check_oom_reading(unallocated_mib: float | None, fix: str | None, *, result:
     choice = check_choice(fix, "group", name="your fix", explanations={
         "expandable_segments": "No: every freed 16 MiB block lies between two live ones, so even in one expandable "
                                "segment no free run reaches 64 MiB, and a 20 MiB page never fits inside a 16 MiB "
-                               "hole, so there is almost nothing to unmap. The expandable run of this experiment "
-                               "fails too.",
+                               "hole, so only the free run at the segment's end can be unmapped. The expandable run "
+                               "of this experiment fails too.",
         "empty_cache": "No: before raising, the allocator already released every whole free segment and retried. "
                        "A segment that holds one live tensor cannot be released.",
         "group": "Yes: with the long-lived tensors packed together, the temporaries fill whole segments; freed, "

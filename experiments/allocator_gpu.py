@@ -43,6 +43,23 @@ def _release() -> None:
     torch.cuda.empty_cache()
 
 
+_settled = False
+
+
+def _settle_fresh_process() -> None:
+    """Once per fresh process: collect, then freeze what exists (torch's own objects).
+
+    Every measurement starts with ``gc.collect()`` so no forgotten tensor skews it; with
+    the objects of the torch import frozen, those collections take microseconds instead
+    of tens of milliseconds. Only for fresh-process targets, never for a reader's kernel.
+    """
+    global _settled
+    if not _settled:
+        gc.collect()
+        gc.freeze()
+        _settled = True
+
+
 # ----------------------------------------------------------------------------- sequences
 
 def run_ops(ops: Sequence[Sequence[Any]]) -> dict[str, Any]:
@@ -115,8 +132,64 @@ def sequences_worker(sequences: Mapping[str, Sequence[Sequence[Any]]]) -> dict[s
         name -> result of :func:`run_ops`, and '_alloc_conf' -> the settings string the
         process ran with.
     """
+    _settle_fresh_process()
     out: dict[str, Any] = {name: run_ops(ops) for name, ops in sequences.items()}
     out["_alloc_conf"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    return out
+
+
+def _set_cap(cap_mib: float | None, capped: bool) -> bool:
+    """Cap this process's allocator at ``cap_mib`` MiB (None: lift an earlier cap). Returns
+    whether a cap is in force. Call it only with nothing reserved."""
+    if cap_mib is not None:
+        total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, cap_mib * 2**20 / total))
+        return True
+    if capped:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+    return False
+
+
+def shared_worker(jobs: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """Fresh-process target: several of the chapter's measurements under one allocator setting.
+
+    A fresh process costs seconds (the torch import and the CUDA start), and every
+    measurement here starts from an empty cache, so measurements that need the same
+    setting can share one process without seeing each other.
+
+    Args:
+        jobs: name -> either ``{"sequences": {name: ops}, "cap_mib": MiB or None}``
+            (:func:`sequences_worker` under that memory cap) or ``{"graph_pools": kwargs}``
+            (:func:`graph_pools_worker`, uncapped). Uncapped sequence jobs run first, then
+            capped ones, then the graph captures, whose weights and cuBLAS workspaces stay
+            allocated to the end of the process.
+
+    Returns:
+        name -> ``{"ok": True, "value": ...}``, or ``{"ok": False, "error": "Type: message"}``
+        for a job that raised (the others still run).
+    """
+    require_cuda("running allocator experiments")
+    torch.cuda.init()
+    _settle_fresh_process()
+
+    def rank(name: str) -> int:
+        job = jobs[name]
+        return 2 if "graph_pools" in job else int(job.get("cap_mib") is not None)
+
+    out: dict[str, Any] = {}
+    capped = False
+    for name in sorted(jobs, key=rank):
+        job = jobs[name]
+        try:
+            capped = _set_cap(job.get("cap_mib"), capped)
+            if "graph_pools" in job:
+                value = graph_pools_worker(**job["graph_pools"])
+            else:
+                value = sequences_worker(job["sequences"])
+            out[name] = {"ok": True, "value": value}
+        except Exception as e:  # one failed job must not cost the others their results
+            _release()
+            out[name] = {"ok": False, "error": f"{type(e).__name__}: {e}"}
     return out
 
 
@@ -170,6 +243,7 @@ def layouts_in_mempools(groups: Sequence[Sequence[int]]) -> list[list[dict[str, 
 def layouts_worker(groups: Sequence[Sequence[int]]) -> list[list[dict[str, Any]]]:
     """Fresh-process target: the segments of each group of sizes, allocated in the default pools."""
     require_cuda("measuring allocator layouts")
+    _settle_fresh_process()
     out = []
     for sizes in groups:
         _release()
@@ -207,22 +281,31 @@ def graph_pools_worker(
     orders: Sequence[str] = ("increasing", "decreasing"),
     dtype: str = "float16",
     warmup: int = 2,
+    autograd: bool = True,
 ) -> dict[str, Any]:
     """Fresh-process target: capture one CUDA graph per batch size into one shared pool.
 
-    The model is the post's toy MLP ``(relu(x @ W1) * 0.5 + 1.0) @ W2`` with W1 of shape
-    hidden × 2·hidden. For each order, every batch size is captured on one capture stream
-    into one ``torch.cuda.graph_pool_handle()``, and each output is freed right after its
-    capture, so the next capture may reuse its memory (the graphs never run at the same
-    time). Warm-up runs on the capture stream first, so cuBLAS workspaces exist before any
-    capture and do not land in the pool. After each order the graphs are deleted and the
-    cache emptied, so the orders do not share memory.
+    The model is the toy MLP of the book's lab notes, ``(relu(x @ W1) * 0.5 + 1.0) @ W2``
+    with W1 of shape hidden × 2·hidden. For each order, every batch size is captured on
+    one capture stream into one ``torch.cuda.graph_pool_handle()``, and each output is
+    freed right after its capture, so the next capture may reuse its memory (the graphs
+    never run at the same time). Warm-up runs on the capture stream first, so cuBLAS
+    workspaces exist before any capture and do not land in the pool. After each order the
+    graphs are deleted and the cache emptied, so the orders do not share memory.
+
+    The captures run twice: under ``torch.no_grad()`` as a server would (at most two
+    activations alive at once), and, with ``autograd``, with grad enabled on weights that
+    require grad (autograd keeps relu's output and the last matmul's input until the
+    output is freed: three activations at once); the allocator model reproduces the lab
+    notes' numbers (574/194/202 MiB, seed-posts.md §4.3) only for this second way.
 
     Returns:
-        hidden, dtype, batch_sizes and, per order: capture_order, growth_after_each_bytes
-        (reserved bytes above the pre-capture level after each capture),
-        reserved_growth_bytes (after all captures), pool_reserved_bytes (sum of the shared
-        pool's segments; None if the snapshot has no pool ids), pool_segments,
+        hidden, dtype, batch_sizes, per order the no-grad captures (below) and, with
+        ``autograd``, 'autograd': the same per order. Per order: capture_order,
+        growth_after_each_bytes (reserved bytes above the pre-capture level after each
+        capture), pool_after_each_bytes (the shared pool's own segments after each
+        capture; None if the snapshot has no pool ids), reserved_growth_bytes (after all
+        captures), pool_reserved_bytes and pool_segments (the pool at the end),
         replayed (every graph replayed without error) and left_after_release_bytes
         (reserved bytes above the start once the graphs are gone).
     """
@@ -235,8 +318,9 @@ def graph_pools_worker(
         raise ValueError(f"orders must be 'increasing' or 'decreasing', got {bad}")
     torch.manual_seed(0)
     dt = dtypes[dtype]
-    w1 = torch.randn(hidden, 2 * hidden, device="cuda", dtype=dt) / math.sqrt(hidden)
-    w2 = torch.randn(2 * hidden, hidden, device="cuda", dtype=dt) / math.sqrt(2 * hidden)
+    # Leaf weights that require grad, like nn.Linear's; under no_grad they record nothing.
+    w1 = (torch.randn(hidden, 2 * hidden, device="cuda", dtype=dt) / math.sqrt(hidden)).requires_grad_()
+    w2 = (torch.randn(2 * hidden, hidden, device="cuda", dtype=dt) / math.sqrt(2 * hidden)).requires_grad_()
 
     def mlp(x: torch.Tensor) -> torch.Tensor:
         return (torch.relu(x @ w1) * 0.5 + 1.0) @ w2
@@ -245,26 +329,35 @@ def graph_pools_worker(
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        for _ in range(warmup):
-            for b in batch_sizes:
-                mlp(inputs[b])
+        for grad in (False, True):
+            with torch.set_grad_enabled(grad):
+                for _ in range(warmup):
+                    for b in batch_sizes:
+                        mlp(inputs[b])
     torch.cuda.current_stream().wait_stream(stream)
     _release()
 
-    out: dict[str, Any] = {"hidden": hidden, "dtype": dtype, "batch_sizes": list(batch_sizes)}
-    for order in orders:
+    def pool_bytes(pool: Any) -> int | None:
+        try:
+            return sum(s["total_size"] for s in _layout(pool_id=pool))
+        except PoolIdsMissingError:
+            return None
+
+    def capture(order: str, grad: bool) -> dict[str, Any]:
         sizes = sorted(batch_sizes, reverse=(order == "decreasing"))
         _release()
         base = torch.cuda.memory_reserved()
         pool = torch.cuda.graph_pool_handle()
-        graphs, growth = [], []
+        graphs, growth, in_pool = [], [], []
         for b in sizes:
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool, stream=stream):
-                y = mlp(inputs[b])
-            del y  # back to the shared pool: the next capture may reuse it
+            with torch.set_grad_enabled(grad):
+                with torch.cuda.graph(graph, pool=pool, stream=stream):
+                    y = mlp(inputs[b])
+            del y  # back to the shared pool (with autograd, the saved activations too)
             graphs.append(graph)
             growth.append(torch.cuda.memory_reserved() - base)
+            in_pool.append(pool_bytes(pool))
         for graph in graphs:
             graph.replay()
         torch.cuda.synchronize()
@@ -276,14 +369,21 @@ def graph_pools_worker(
         total = torch.cuda.memory_reserved() - base
         del graph, graphs
         _release()
-        out[order] = {
+        return {
             "capture_order": sizes,
             "growth_after_each_bytes": growth,
+            "pool_after_each_bytes": None if None in in_pool else in_pool,
             "reserved_growth_bytes": total,
             "pool_reserved_bytes": pool_reserved,
             "pool_segments": pool_segments,
             "replayed": True,
             "left_after_release_bytes": torch.cuda.memory_reserved() - base,
         }
+
+    out: dict[str, Any] = {"hidden": hidden, "dtype": dtype, "batch_sizes": list(batch_sizes)}
+    for order in orders:
+        out[order] = capture(order, grad=False)
+    if autograd:
+        out["autograd"] = {order: capture(order, grad=True) for order in orders}
     out["_alloc_conf"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
     return out

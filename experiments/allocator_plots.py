@@ -30,8 +30,13 @@ class Table:
         return len(self.rows)
 
     def _repr_html_(self) -> str:
-        head = "".join(f"<th style='text-align:left'>{html.escape(h)}</th>" for h in self.header)
-        body = "".join("<tr>" + "".join(f"<td style='text-align:left'>{html.escape(c)}</td>" for c in r) + "</tr>"
+        cell = "text-align:left;padding:3px 12px 3px 0;vertical-align:top"
+
+        def style(text: str) -> str:   # short values ('2 MiB − 512 B') stay on one line
+            return cell + (";white-space:nowrap" if len(text) <= 16 else "")
+
+        head = "".join(f"<th style='{cell}'>{html.escape(h)}</th>" for h in self.header)
+        body = "".join("<tr>" + "".join(f"<td style='{style(c)}'>{html.escape(c)}</td>" for c in r) + "</tr>"
                        for r in self.rows)
         cap = f"<caption style='caption-side:bottom;font-size:85%'>{html.escape(self.caption)}</caption>" if self.caption else ""
         return f"<table>{cap}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
@@ -188,24 +193,42 @@ def oom_table(result: Any) -> Table:
     for name in PATTERN_ORDER:
         p = d["patterns"][name]
         unalloc = p["reserved_unallocated_at_failure_bytes"]
-        rows.append([name, p["description"], "out of memory" if p["oom"] else "fits",
+        rows.append([name, "out of memory" if p["oom"] else "fits",
                      "out of memory" if p["predicted_oom"] else "fits",
                      f"{_mib(p['reserved_before_request_bytes']):.0f}", f"{_mib(p['allocated_before_request_bytes']):.0f}",
                      "-" if unalloc is None else f"{_mib(unalloc):.0f}"])
-    return Table(["pattern", "what it does", "64 MiB request (measured)", "model", "reserved before (MiB)",
+    request = format_bytes(d["request_bytes"])
+    return Table(["pattern", f"{request} request (measured)", "model", "reserved before (MiB)",
                   "allocated before (MiB)", "reserved but unallocated at the failure (MiB)"], rows,
                  caption=f"Memory cap {format_bytes(d['cap_bytes'])}. {result.caption()}")
 
 
 def oom_figures_table(result: Any, pattern: str = "interleave") -> Table:
     """The figures of one pattern's out-of-memory message, one per row (MiB / GiB)."""
+    from .allocator_snapshot import parse_oom_message
+
     p = result.data["patterns"][pattern]
     if not p["oom"]:
         return Table(["figure", "value"], [["outcome", "no out-of-memory error: the request fitted"]],
                      caption=result.caption())
-    if p["figures"] is None:
+    try:   # parse the recorded message again: the parser may have learnt since the recording
+        figures = parse_oom_message(p["message"])
+    except ValueError:
+        figures = p["figures"]
+    if figures is None:
         return Table(["figure", "value"], [["message (not parsed)", p["message"]]], caption=result.caption())
-    return Table(["what the message says", "value"], oom_rows(p["figures"]), caption=result.caption())
+    return Table(["what the message says", "value"], oom_rows(figures), caption=result.caption())
+
+
+def oom_message(result: Any, pattern: str = "interleave", width: int = 88) -> str:
+    """The out-of-memory message one pattern raised, wrapped to ``width`` characters
+    (or a line saying that the request fitted)."""
+    import textwrap
+
+    p = result.data["patterns"][pattern]
+    if not p["oom"]:
+        return f"'{pattern}': no out-of-memory error, the request fitted."
+    return textwrap.fill(" ".join(p["message"].split()), width, break_long_words=False, break_on_hyphens=False)
 
 
 def plot_fragmentation_oom(result: Any, pattern: str = "interleave") -> Any:
@@ -244,48 +267,110 @@ def plot_fragmentation_oom(result: Any, pattern: str = "interleave") -> Any:
     right.set_xticklabels(names)
     right.set_ylabel("before the request (MiB)")
     right.set_ylim(0, _mib(d["cap_bytes"]) * 1.18)
-    right.legend(loc="lower right", fontsize=8)
+    right.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3, fontsize=8)
     right.grid(axis="x", visible=False)
     return stamp(fig, result)
 
 
 # ----------------------------------------------------------------------------- CUDA graph pools
 
+VARIANT_LABELS = {"no_grad": "no grad", "autograd": "autograd"}
+
+
+def _graph_results(results: Any) -> list[Any]:
+    return list(results) if isinstance(results, (list, tuple)) else [results]
+
+
 def plot_graph_pools(results: Any) -> Any:
     """Reserved growth while capturing one graph per batch size into a shared pool.
 
     Args:
         results: one ``alloc.graph_pools`` Result or a list of them (e.g. without and with
-            expandable segments). Left: growth after each capture; right: the totals.
+            expandable segments). Left: growth after each capture under ``no_grad``;
+            right: the growth after all captures, per setting and capture style
+            (no grad; autograd keeping activations, where it was measured).
     """
-    results = list(results) if isinstance(results, (list, tuple)) else [results]
-    fig, (left, right) = new_figure(1, 2, width=10.0, height=3.6, gridspec_kw={"width_ratios": [3, 2]})
-    labels, totals, colors = [], [], []
+    from .allocator import _graph_variants
+
+    results = _graph_results(results)
+    fig, (left, right) = new_figure(1, 2, width=10.5, height=3.8, gridspec_kw={"width_ratios": [1, 1]})
     styles = {"increasing": "-", "decreasing": "--"}
+    groups = []
     for k, r in enumerate(results):
         setting = "expandable" if r.params.get("expandable") else "default"
+        variants = _graph_variants(r.data)
         for order in ("increasing", "decreasing"):
-            o = r.data[order]
+            o = variants["no_grad"][order]
             color = PALETTE[(2 * k + (order == "decreasing")) % len(PALETTE)]
             left.plot(range(1, len(o["growth_after_each_bytes"]) + 1), [_mib(v) for v in o["growth_after_each_bytes"]],
                       styles[order], marker="o", markersize=3, color=color, label=f"{setting}, {order}")
-            labels.append(f"{setting}\n{order}")
-            totals.append(_mib(o["reserved_growth_bytes"]))
-            colors.append(color)
+        for variant, orders in variants.items():
+            groups.append((f"{setting}\n{VARIANT_LABELS[variant]}", orders))
     left.set_xlabel("graphs captured")
     left.set_ylabel("reserved growth (MiB)")
+    left.set_title("no grad: growth after each capture", fontsize=10)
+    left.set_ylim(bottom=0)
     left.legend(loc="upper left", fontsize=8)
-    rects = right.bar(labels, totals, color=colors)
-    for rect, v in zip(rects, totals):
-        right.annotate(f"{v:.0f}", (rect.get_x() + rect.get_width() / 2, v), ha="center", va="bottom", fontsize=8,
-                       xytext=(0, 2), textcoords="offset points")
-    right.set_ylabel("after all captures (MiB)")
-    right.tick_params(axis="x", labelsize=8)
+    groups.sort(key=lambda g: "autograd" in g[0])   # the no-grad groups first
+    width = 0.38
+    for order, dx, color in (("increasing", -width / 2, PALETTE[0]), ("decreasing", width / 2, PALETTE[1])):
+        values = [_mib(orders[order]["reserved_growth_bytes"]) for _, orders in groups]
+        rects = right.bar([i + dx for i in range(len(groups))], values, width=width, color=color,
+                          label=f"{order} batch size")
+        for rect, v in zip(rects, values):
+            right.annotate(f"{v:.0f}", (rect.get_x() + rect.get_width() / 2, v), ha="center", va="bottom",
+                           fontsize=8, xytext=(0, 2), textcoords="offset points")
+    right.set_xticks(range(len(groups)))
+    right.set_xticklabels([label for label, _ in groups], fontsize=8)
+    right.set_ylabel("reserved growth, all captures (MiB)")
+    right.set_title("after all captures", fontsize=10)
+    top = max(_mib(orders[o]["reserved_growth_bytes"]) for _, orders in groups for o in ("increasing", "decreasing"))
+    right.set_ylim(0, top * 1.2)
+    right.legend(loc="upper right", fontsize=8)
     right.grid(axis="x", visible=False)
     d = results[0].data
-    fig.suptitle(f"{len(d['batch_sizes'])} CUDA graphs of an MLP (hidden {d['hidden']}, {d.get('dtype', '')}) "
-                 "in one shared pool", fontsize=10)
+    fig.suptitle(f"{len(d['batch_sizes'])} CUDA graphs of an MLP (hidden {d['hidden']}, {d.get('dtype', '')}, batch "
+                 f"{min(d['batch_sizes'])} to {max(d['batch_sizes'])}) in one shared pool", fontsize=10)
     return stamp(fig, results)
+
+
+def graph_pools_table(results: Any) -> Table:
+    """The shared pool's size after all captures, measured and as the allocator model
+    predicts it, for each capture style, order and setting (MiB)."""
+    from .allocator import _graph_variants, predict_graph_pools
+
+    results = _graph_results(results)
+    by_setting = {("expandable" if r.params.get("expandable") else "default"): r for r in results}
+    settings = [k for k in ("default", "expandable") if k in by_setting]
+    outside = set()
+    rows = []
+    for variant, what in (("no_grad", "no grad"), ("autograd", "autograd")):
+        for order in ("increasing", "decreasing"):
+            row = [what, order]
+            for setting in settings:
+                r = by_setting[setting]
+                model = predict_graph_pools(r.data, expandable=setting == "expandable")[variant][order][-1]
+                measured = _graph_variants(r.data).get(variant, {}).get(order)
+                if measured is None:
+                    row.append("not recorded")
+                elif measured.get("pool_reserved_bytes") is None:
+                    row.append("-")
+                else:
+                    row.append(f"{_mib(measured['pool_reserved_bytes']):.0f}")
+                    outside.add(measured["reserved_growth_bytes"] - measured["pool_reserved_bytes"])
+                row.append(f"{_mib(model):.0f}")
+            rows.append(row)
+    header = ["captured with", "order"]
+    for setting in settings:
+        header += [f"{setting}: pool (MiB)", f"{setting}: model (MiB)"]
+    note = ""
+    if len(outside) == 1:
+        note = (f"memory_reserved() grew by {_mib(outside.pop()):.0f} MiB more in every run, outside the shared "
+                "pool. ")
+    elif outside:
+        note = (f"memory_reserved() grew by {_mib(min(outside)):.0f} to {_mib(max(outside)):.0f} MiB more, outside "
+                "the shared pool. ")
+    return Table(header, rows, caption=note + " / ".join(dict.fromkeys(r.caption() for r in results)))
 
 
 # ----------------------------------------------------------------------------- pool boundary
@@ -302,7 +387,7 @@ def plot_pool_boundary(result: Any) -> Any:
     left.plot(xs, [_mib(v) for v in sw["predicted_reserved_bytes"]], ":", color="black", label="model")
     left.axvline(1.0, color=PALETTE[3], linestyle="--", linewidth=1)
     left.annotate("1 MiB: small | large", (1.0, 0.02), xycoords=("data", "axes fraction"), rotation=90,
-                  fontsize=8, ha="right", va="bottom", color=PALETTE[3])
+                  fontsize=8, ha="right", va="bottom", color=PALETTE[3], xytext=(-3, 0), textcoords="offset points")
     left.set_xlabel("second request (MiB), after a freed 2 MiB tensor")
     left.set_ylabel("reserved (MiB)")
     lo = min(_mib(v) for v in sw["reserved_bytes"] + sw["predicted_reserved_bytes"])

@@ -178,7 +178,9 @@ def parse_oom_message(text: str) -> dict[str, Any]:
     Returns:
         dict with tried_to_allocate_bytes (what the allocator tried to obtain: the segment
         size, not the tensor size), device, total_capacity_bytes, free_bytes (free on
-        the device per the driver), process_in_use_bytes (None if absent), allowed_bytes
+        the device per the driver), process_in_use_bytes (this process, None if absent),
+        other_processes_in_use_bytes (the other processes the driver lists, None if none
+        or if this process is not told apart from them), allowed_bytes
         (the per-process cap, None without one), allocated_by_pytorch_bytes,
         private_pools_bytes (None if absent), reserved_unallocated_bytes,
         reserved_bytes (allocated + reserved-but-unallocated) and format ('new' or 'old').
@@ -193,16 +195,22 @@ def parse_oom_message(text: str) -> dict[str, Any]:
     if tried is None:
         raise ValueError("the message has no 'Tried to allocate ...' figure")
     out: dict[str, Any] = {"tried_to_allocate_bytes": _bytes(*tried.groups()), "process_in_use_bytes": None,
-                           "allowed_bytes": None, "private_pools_bytes": None}
+                           "other_processes_in_use_bytes": None, "allowed_bytes": None, "private_pools_bytes": None}
     new = re.search(r"GPU (\d+) has a total capacity of " + _SIZE + r" of which " + _SIZE + r" is free", flat)
     if new:
         out["format"] = "new"
         out["device"] = int(new.group(1))
         out["total_capacity_bytes"] = _bytes(new.group(2), new.group(3))
         out["free_bytes"] = _bytes(new.group(4), new.group(5))
-        proc = re.search(r"(?:this process|Process \d+) has " + _SIZE + r" memory in use", flat)
-        if proc:
-            out["process_in_use_bytes"] = _bytes(*proc.groups())
+        # The driver lists every process on the GPU: "this process has" is ours, "Process N
+        # has" another one (or ours, seen from inside a container, when it is the only line).
+        own = re.search(r"this process has " + _SIZE + r" memory in use", flat)
+        others = [_bytes(*m) for m in re.findall(r"Process \d+ has " + _SIZE + r" memory in use", flat)]
+        if own:
+            out["process_in_use_bytes"] = _bytes(*own.groups())
+            out["other_processes_in_use_bytes"] = sum(others) if others else None
+        elif len(others) == 1:
+            out["process_in_use_bytes"] = others[0]
         allowed = re.search(_SIZE + r" allowed;", flat)
         if allowed:
             out["allowed_bytes"] = _bytes(*allowed.groups())
@@ -240,6 +248,7 @@ OOM_FIELDS = (
     ("total_capacity_bytes", "total capacity of the GPU"),
     ("free_bytes", "free on the GPU (driver's view)"),
     ("process_in_use_bytes", "in use by this process, including non-PyTorch memory"),
+    ("other_processes_in_use_bytes", "in use by other processes on the GPU"),
     ("allowed_bytes", "allowed for this process (memory cap)"),
     ("allocated_by_pytorch_bytes", "allocated by PyTorch (live tensors)"),
     ("private_pools_bytes", "of which free in private pools (CUDA graphs)"),

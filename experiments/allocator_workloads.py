@@ -18,6 +18,7 @@ PROBE_SIZES = (1, 511, 512, 513, 1000, 100 * KiB, MiB - 1, MiB, MiB + 1, 2 * MiB
 ANATOMY_SIZES = (1000.0, 102400.0, 1048576.0, 1048577.0, 5242880.0, 11534336.0, 20447232.0, 104857603.0)
 
 ORDERS = ("small_first", "large_first")
+TIMELINE_SMALL_MIB = (8, 16)   # the sizes alloc.timeline offers (and records)
 
 
 def timeline_ops(order: str, small_mib: int) -> list[tuple[Any, ...]]:
@@ -76,9 +77,49 @@ def oom_ops(pattern: str) -> list[tuple[Any, ...]]:
     return ops + [("snapshot", "before_request"), ("alloc", "request", OOM_REQUEST_MIB * MiB),
                   ("snapshot", "after_request")]
 
-# The post's CUDA-graph lab: one graph per batch size of an MLP with this hidden size.
+# The CUDA-graph lab of the book's background notes (seed-posts.md §4.3, after the post's
+# motivating case): one graph per batch size of an MLP with this hidden size.
 GRAPH_BATCH_SIZES = (256, 512, 768, 1024, 1536, 2048, 3072, 4096)
 GRAPH_HIDDEN = 4096
+GRAPH_DTYPE = "float16"
+GRAPH_ORDERS = ("increasing", "decreasing")
+_ELEMENT_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
+
+
+def graph_capture_ops(batch_sizes, hidden: int = GRAPH_HIDDEN, *, order: str = "increasing",
+                      autograd: bool = False, dtype: str = GRAPH_DTYPE) -> tuple[list[tuple[Any, ...]], list[int]]:
+    """What one capture per batch size of ``(relu(x @ W1) * 0.5 + 1.0) @ W2`` asks of its
+    shared pool, as operations for the model.
+
+    W1 is hidden × 2·hidden; the input ``x`` lives outside the pool. Every operator makes a
+    new tensor of the batch's activations (B × 2·hidden elements), and Python frees each
+    one as soon as the next operator has read it, so at most two are alive at once; the
+    output (B × hidden) is freed after its capture. With ``autograd`` (weights that require
+    grad, as ``nn.Linear``'s do) relu keeps its output and the last matmul its input for a
+    backward pass, until the output is freed: three activations at once.
+
+    Returns:
+        (operations, index of the last operation of each capture).
+
+    Raises:
+        ValueError: an unknown order or dtype.
+    """
+    if order not in GRAPH_ORDERS:
+        raise ValueError(f"order must be one of {GRAPH_ORDERS}, got {order!r}")
+    if dtype not in _ELEMENT_BYTES:
+        raise ValueError(f"dtype must be one of {sorted(_ELEMENT_BYTES)}, got {dtype!r}")
+    ops: list[tuple[Any, ...]] = []
+    ends = []
+    for i, b in enumerate(sorted(batch_sizes, reverse=(order == "decreasing"))):
+        act, out = b * 2 * hidden * _ELEMENT_BYTES[dtype], b * hidden * _ELEMENT_BYTES[dtype]
+        h1, h2, h3, h4, y = (f"g{i}_{n}" for n in ("matmul", "relu", "mul", "add", "out"))
+        ops += [("alloc", h1, act), ("alloc", h2, act), ("free", h1), ("alloc", h3, act)]
+        if autograd:    # relu's output stays (saved for backward)
+            ops += [("alloc", h4, act), ("free", h3), ("alloc", y, out), ("free", y), ("free", h2), ("free", h4)]
+        else:
+            ops += [("free", h2), ("alloc", h4, act), ("free", h3), ("alloc", y, out), ("free", h4), ("free", y)]
+        ends.append(len(ops) - 1)
+    return ops, ends
 
 BOUNDARY_SIZES = (256 * KiB, 512 * KiB, 768 * KiB, MiB, MiB + 1, MiB + MiB // 4, MiB + MiB // 2, 2 * MiB, 3 * MiB,
                   4 * MiB)

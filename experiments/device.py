@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import functools
 import os
 import platform
 import re
@@ -86,8 +87,9 @@ def check_fits(name: str, nbytes: int, *, fraction: float = 0.8, device: int = 0
         )
 
 
+@functools.lru_cache(maxsize=1)
 def _driver_version() -> str:
-    """NVIDIA driver version via NVML, else nvidia-smi, else 'unknown'."""
+    """NVIDIA driver version via NVML, else nvidia-smi, else 'unknown' (read once per process)."""
     try:
         import pynvml  # type: ignore[import-not-found]
 

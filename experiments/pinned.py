@@ -27,8 +27,10 @@ from .device import check_fits, require_cuda, torch_version
 from .measure import gpu_sleep, summarize, time_gpu
 from .pinned_exercises import (OVERWRITE_OPTIONS, check_graph_replay, check_loader, check_overwrite_guard,
                                check_owned_prediction, check_rounding, judge_loader)
-from .pinned_plots import (plot_async_copy, plot_bandwidth, plot_del_is_safe, plot_double_buffer, plot_graph_replay,
-                           plot_lifecycle, plot_overwrite_race, plot_pin_cost, plot_pow2_rounding, plot_ring_sweep)
+from .pinned_plots import (bandwidth_summary, del_summary, guard_costs_text, pin_cost_summary, plot_async_copy,
+                           plot_bandwidth, plot_del_is_safe, plot_double_buffer, plot_graph_replay, plot_lifecycle,
+                           plot_overwrite_race, plot_pin_cost, plot_pow2_rounding, plot_ring_sweep, race_timing_text,
+                           ring_summary)
 from .pinned_support import KiB, MiB, POST_URL, empty_host_cache, features_text, next_pow2
 from .registry import Param, experiment
 
@@ -39,6 +41,8 @@ __all__ = [
     "plot_lifecycle", "plot_pin_cost", "plot_graph_replay", "plot_double_buffer", "plot_ring_sweep",
     "check_owned_prediction", "check_overwrite_guard", "OVERWRITE_OPTIONS", "check_rounding",
     "check_graph_replay", "check_loader", "judge_loader", "claim_check", "features_text", "empty_host_cache",
+    "host_blocked_ms", "bandwidth_summary", "guard_costs_text", "race_timing_text", "del_summary",
+    "pin_cost_summary", "ring_summary",
 ]
 
 _NUMBER = {"type": "number"}
@@ -276,6 +280,21 @@ def _variant(d: Mapping[str, Any], host: str, non_blocking: bool) -> Mapping[str
         if v["host"] == host and v["non_blocking"] == non_blocking:
             return v
     raise KeyError(f"no variant host={host!r}, non_blocking={non_blocking}")
+
+
+def host_blocked_ms(result: Any, host: str, non_blocking: bool) -> float:
+    """Median ms the host spent in one copy call of a ``pinned.async_copy`` result.
+
+    Args:
+        result: a :class:`~experiments.registry.Result` of ``pinned.async_copy`` or its ``data``.
+        host: 'pageable' or 'pinned'.
+        non_blocking: the variant's ``non_blocking`` flag.
+
+    Raises:
+        KeyError: the result has no such variant.
+    """
+    d = result.data if hasattr(result, "data") else result
+    return float(_variant(d, host, non_blocking)["host_blocked_ms"]["median"])
 
 
 @claim("pinned.async_returns", chapter=3, experiment="pinned.async_copy",

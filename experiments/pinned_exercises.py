@@ -73,7 +73,8 @@ def check_overwrite_guard(answer: Any) -> Feedback:
         "a": "No: empty_cache() returns cached device blocks to the driver. It neither waits for the copy nor "
              "protects the pinned buffer.",
         "b": "Safe, but not the cheapest: synchronize() waits for everything queued on every stream, including "
-             "work queued after the copy (the experiment measured about twice the wait of the event).",
+             "work queued after the copy (in the lab's run about twice the event's wait, since as much GPU work "
+             "was queued after the copy as before it).",
         "c": "Yes. The event completes when the stream reaches the point right after the copy, so the host waits "
              "for the copy and nothing queued behind it.",
         "d": "No: del only drops a name. The allocator defers *reuse of a freed block*; writes through another "

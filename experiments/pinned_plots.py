@@ -1,6 +1,9 @@
 """Figures of chapter 3 (pinned memory). Each takes a :class:`~experiments.registry.Result`
 of the matching ``pinned.*`` experiment (or a list, where it says so), returns a closed
 Figure, and stamps where the numbers were measured. Units: ms, MiB, GB/s (1e9 B/s).
+
+The ``*_summary`` / ``*_text`` functions at the end turn the same results into a few lines
+of text, so that the chapter quotes measured numbers through code.
 """
 from __future__ import annotations
 
@@ -138,7 +141,8 @@ def plot_del_is_safe(result: Result) -> Figure:
              "label": "", "color": 0},
         ],
         "host": [
-            {"start_ms": h["copy_call_ms"], "end_ms": h["realloc_ms"], "label": "alloc", "color": 1},
+            {"start_ms": h["copy_call_ms"], "end_ms": h["realloc_ms"],
+             "label": "alloc", "color": 1},
             {"start_ms": h["realloc_ms"], "end_ms": h["sync_ms"], "label": "waits in synchronize()",
              "color": "#c9ced6"},
         ],
@@ -226,6 +230,8 @@ def plot_pin_cost(result: Result) -> Figure:
     ax.set_ylabel("host time (ms, log scale)")
     ax.set_title(f"fresh pinning: {d['fresh_ms_per_mib']:.2f} ms per MiB "
                  f"({d['fresh_ms_per_mib'] * 1024:.0f} ms per GiB)")
+    top = max(s["p90"] for key in ("fresh_ms", "cached_ms", "pin_memory_ms") for s in d[key])
+    ax.set_ylim(top=top * 40)  # about 1.6 decades of head room, so the legend sits above the data
     ax.legend(loc="upper left", fontsize=8)
     return stamp(fig, result)
 
@@ -292,7 +298,8 @@ def plot_double_buffer(result: Result) -> Figure:
 
 def plot_ring_sweep(results: Sequence[Result]) -> Figure:
     """Two panels against ring size, one series per compute pattern: ms per batch of the safe
-    ring (waits on events), and batches that arrived wrong in the unsafe ring (no wait).
+    ring (waits on events), and batches that arrived wrong in the unsafe ring (no wait),
+    stacked: the timed run below, the run in which the GPU starts behind on top (hatched).
     Takes results of ``pinned.double_buffer``.
 
     Raises:
@@ -304,14 +311,20 @@ def plot_ring_sweep(results: Sequence[Result]) -> Figure:
     patterns = sorted({r.params["compute"] for r in results})
     sizes = sorted({r.params["buffers"] for r in results})
     width = 0.8 / len(patterns)
+    tallest = 0
     for i, pattern in enumerate(patterns):
         rs = sorted((r for r in results if r.params["compute"] == pattern), key=lambda r: r.params["buffers"])
         xs = [r.params["buffers"] for r in rs]
         ax1.plot(xs, [r.data["with_events"]["ms_per_batch"] for r in rs], "o-", color=PALETTE[i],
                  label=f"{pattern} GPU work")
-        bad = [r.data["no_wait"]["wrong_batches"] + r.data["no_wait"]["stall_wrong_batches"] for r in rs]
+        timed = [r.data["no_wait"]["wrong_batches"] for r in rs]
+        stalled = [r.data["no_wait"]["stall_wrong_batches"] for r in rs]
         offset = (i - (len(patterns) - 1) / 2) * width
-        ax2.bar([x + offset for x in xs], bad, width=width, color=PALETTE[i], label=f"{pattern} GPU work")
+        pos = [x + offset for x in xs]
+        tallest = max([tallest, *(a + b for a, b in zip(timed, stalled))])
+        ax2.bar(pos, timed, width=width, color=PALETTE[i], label=f"{pattern}: timed run")
+        ax2.bar(pos, stalled, width=width, bottom=timed, color=PALETTE[i], alpha=0.45, hatch="//",
+                edgecolor="white", label=f"{pattern}: GPU starts behind")
     mean = results[0].data["mean_compute_ms"]
     ax1.axhline(mean, color="#555555", linestyle=":", linewidth=1)
     ax1.annotate("mean GPU work per batch", (0.02, mean), xycoords=("axes fraction", "data"), va="top",
@@ -326,5 +339,99 @@ def plot_ring_sweep(results: Sequence[Result]) -> Figure:
     ax2.set_xlabel("pinned buffers in the ring")
     ax2.set_ylabel("batches with wrong data (count)")
     ax2.set_title("not waiting (unsafe)", fontsize=10)
+    ax2.set_ylim(0, max(tallest, 1) * 1.45)  # room for the legend above the bars
+    ax2.legend(loc="upper right", fontsize=7)
     ax2.grid(axis="x", visible=False)
     return stamp(fig, list(results))
+
+
+# ================================================================ one-line summaries for the text
+# The chapter quotes measured numbers through these, so the prose never types a lab number.
+
+def bandwidth_summary(result: Result) -> str:
+    """A ``pinned.bandwidth`` result in four short lines: the direction; pinned against
+    pageable at the largest size (with the share of the link's peak); at the smallest size;
+    and pageable's best."""
+    d = result.data
+    sizes, pin, page = d["sizes_bytes"], d["pinned_gbps"], d["pageable_gbps"]
+    link = d.get("link")
+    share = (f" ({pin[-1] / link['peak_gbps']:.0%} of the link's {link['peak_gbps']:.0f} GB/s)"
+             if link and link.get("peak_gbps") else "")
+    best = max(range(len(page)), key=page.__getitem__)
+    return "\n".join([
+        f"{_DIRECTION[d['direction']]}:",
+        f"  {_size_label(sizes[-1]):>6}: pinned {pin[-1]:.1f} GB/s{share}, pageable {page[-1]:.1f} GB/s: "
+        f"{pin[-1] / page[-1]:.1f}x",
+        f"  {_size_label(sizes[0]):>6}: pinned {pin[0]:.2f} GB/s, pageable {page[0]:.2f} GB/s",
+        f"  pageable at best: {page[best]:.1f} GB/s ({_size_label(sizes[best])})",
+    ])
+
+
+def guard_costs_text(result: Result) -> str:
+    """A ``pinned.overwrite_race`` result as lines, cheapest guard first: the share of wrong
+    device elements (worst repeat) and the ms the host was blocked (median and p90)."""
+    d = result.data
+    rows = sorted(d["strategies"], key=lambda r: r["host_blocked_ms"]["median"])
+    head = (f"{result.params['size_mib']} MiB, {d['work_ms']:g} ms of GPU work queued before and after the copy"
+            f"\n{'':29}{'wrong':>7}{'blocked (median)':>18}{'p90':>10}")
+    lines = [f"{r['label']:<29}{max(r['wrong_elements']) / d['n_elements']:>7.0%}"
+             f"{r['host_blocked_ms']['median']:>15.2f} ms{r['host_blocked_ms']['p90']:>7.2f} ms" for r in rows]
+    return "\n".join([head, *lines])
+
+
+def race_timing_text(results: Sequence[Result]) -> str:
+    """One line per ``pinned.overwrite_race`` result: when the host wrote, and the share of
+    device elements the unguarded copy got wrong (worst repeat)."""
+    lines = []
+    for r in sorted(results, key=lambda r: r.params["overwrite_after_ms"]):
+        race = next(s for s in r.data["strategies"] if s["name"] == "race")
+        share = max(race["wrong_elements"]) / r.data["n_elements"]
+        lines.append(f"{r.params['size_mib']} MiB, {r.data['work_ms']:g} ms of GPU work ahead; host writes "
+                     f"{r.params['overwrite_after_ms']:>2g} ms after the call: {share:>4.0%} wrong")
+    return "\n".join(lines)
+
+
+def del_summary(result: Result) -> str:
+    """What a ``pinned.del_is_safe`` result says, in two lines: how long each pinned
+    allocation took and which address it got, and the device's wrong elements."""
+    d, h = result.data, result.data["host"]
+    pending = "pending" if d["copy_pending_at_realloc"] else "already done"
+    first = "the dropped block's address" if d["reused_while_pending"] else "a different address"
+    again = "the dropped block's address" if d["reused_after_completion"] else "a different address"
+    return (f"del + pinned alloc while the copy was {pending}: {h['realloc_ms'] - h['copy_call_ms']:.2f} ms, "
+            f"{first}\npinned alloc after synchronize(): {h['realloc_after_ms'] - h['sync_ms']:.2f} ms, {again}"
+            f"\nwrong elements on the device: {d['wrong_elements']}")
+
+
+def pin_cost_summary(result: Result) -> str:
+    """The largest size of a ``pinned.pin_cost`` result: fresh pinning, a cached block and
+    ``pin_memory()`` (ms, and pin_memory()'s copy rate in GB/s), plus fresh ms per MiB."""
+    d = result.data
+    size = d["sizes_bytes"][-1]
+    fresh, cached, repin = (d[k][-1]["median"] for k in ("fresh_ms", "cached_ms", "pin_memory_ms"))
+    return (f"{_size_label(size)}: fresh {fresh:.1f} ms, from the cache {cached * 1e3:.0f} µs "
+            f"({fresh / cached:,.0f}x faster)\n{_size_label(size)}: pin_memory() of a pageable tensor "
+            f"{repin:.1f} ms ({size / (repin * 1e-3) / 1e9:.0f} GB/s)"
+            f"\nfresh pinning, sizes of 16 MiB and up: {d['fresh_ms_per_mib']:.2f} ms per MiB")
+
+
+def ring_summary(results: Sequence[Result]) -> str:
+    """A table of ``pinned.double_buffer`` results, one block per compute pattern and one
+    column per ring size: ms per batch and total host wait of the safe ring, and the wrong
+    batches of the unsafe one (timed run, and the run in which the GPU starts behind)."""
+    lines: list[str] = []
+    for pattern in sorted({r.params["compute"] for r in results}):
+        if lines:
+            lines.append("")
+        rs = sorted((r for r in results if r.params["compute"] == pattern), key=lambda r: r.params["buffers"])
+        lines.append(f"{pattern + ' GPU work, buffers':<36}" + "".join(f"{r.params['buffers']:>9}" for r in rs))
+        lines.append(f"{'  safe: ms per batch':<36}" + "".join(f"{r.data['with_events']['ms_per_batch']:>9.2f}"
+                                                                for r in rs))
+        lines.append(f"{'  safe: host waited, ms in all':<36}"
+                     + "".join(f"{r.data['with_events']['host_wait_ms']:>9.1f}" for r in rs))
+        lines.append(f"{'  unsafe: wrong batches, timed run':<36}"
+                     + "".join(f"{r.data['no_wait']['wrong_batches']:>6}/{r.params['batches']:<2}" for r in rs))
+        lines.append(f"{'  unsafe: wrong, GPU starts behind':<36}"
+                     + "".join(f"{r.data['no_wait']['stall_wrong_batches']:>6}/{2 * r.params['buffers'] + 2:<2}"
+                               for r in rs))
+    return "\n".join(lines)

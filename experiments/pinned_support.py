@@ -282,12 +282,16 @@ def pinned_features(version: tuple[int, int] | None = None, torch_module: Any = 
     return feats
 
 
-def features_text(version: tuple[int, int] | None = None, torch_module: Any = torch) -> str:
-    """:func:`pinned_features` as lines of text, one per feature."""
+def features_text(version: tuple[int, int] | None = None, torch_module: Any = torch, *, width: int = 88) -> str:
+    """:func:`pinned_features` as text, one feature per entry, wrapped at ``width`` characters
+    (a page shows it without scrolling sideways)."""
+    import textwrap
+
     v = version or torch_version()
     lines = [f"torch {v[0]}.{v[1]}:"]
     for f in pinned_features(v, torch_module):
-        lines.append(f"  [{'yes' if f.available else 'no '}] {f.name}: {f.note}")
+        lines.append(textwrap.fill(f"[{'yes' if f.available else 'no '}] {f.name}: {f.note}", width=width,
+                                   initial_indent="  ", subsequent_indent="        "))
     return "\n".join(lines)
 
 

@@ -104,7 +104,8 @@ def memory_timeline(
     for x, label in marks:
         ax.axvline(x, color="#888888", linestyle="--", linewidth=1)
         ax.annotate(label, (x, 1.0), xycoords=("data", "axes fraction"), rotation=90,
-                    va="top", ha="right", fontsize=8, color="#555555")
+                    va="top", ha="right", fontsize=8, color="#555555",
+                    bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.85))
     ax.set_xlabel(xlabel)
     ax.set_ylabel("memory (MiB)")
     if title:

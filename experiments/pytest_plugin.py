@@ -22,6 +22,12 @@ or check a whole test body with the ``no_syncs`` marker, which takes the options
 Without a CUDA GPU, tests that use either are skipped with the reason (there is no
 host-device sync on a machine without one). Fixtures run before the marked test body
 starts, so their set-up is not checked.
+
+Explicit waits are caught by wrapping ``torch.cuda.synchronize`` and friends while the
+check runs, so code under test must look them up then: ``torch.cuda.synchronize()`` is
+seen, but a name bound at import time (``from torch.cuda import synchronize``) or a
+bound method saved earlier (``wait = event.synchronize``) calls the original, and
+neither the wrapper nor ``set_sync_debug_mode`` reports it.
 """
 from __future__ import annotations
 

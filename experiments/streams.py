@@ -26,14 +26,14 @@ from .streams_checks import (check_allocated_peak, check_allocation_stream, chec
                              check_cap_stall, check_event_handoff, check_peak_prediction)
 from .streams_pipeline import (MiB, STRATEGIES, block_ids, buffer_numel, max_live_buffers, overlap_ms,
                                reference_handoff, run_pipeline, warm_up)
-from .streams_plots import (plot_counters, plot_memory_cap, plot_pipeline, plot_runahead, plot_strategies,
-                            plot_timeline)
+from .streams_plots import (memory_cap_table, plot_counters, plot_memory_cap, plot_pipeline, plot_runahead,
+                            plot_strategies, plot_timeline, runahead_table, strategies_table)
 
 __all__ = [
     "POST_URL", "STRATEGIES", "RUNAHEAD_POINTS", "check_allocated_peak", "check_allocation_stream",
     "check_block_predictions", "check_cap_stall", "check_event_handoff", "check_peak_prediction",
-    "plot_counters", "plot_memory_cap", "plot_pipeline", "plot_runahead", "plot_strategies", "plot_timeline",
-    "reference_handoff",
+    "memory_cap_table", "plot_counters", "plot_memory_cap", "plot_pipeline", "plot_runahead", "plot_strategies",
+    "plot_timeline", "reference_handoff", "runahead_table", "strategies_table",
 ]
 
 POST_URL = "https://docs.pytorch.org/devlogs/eager/2026-09-29-cross-stream-memory-without-record-stream/"
@@ -433,8 +433,8 @@ def timeline(strategy: str = "unprotected", layers: int = 4, buffer_mib: int = 6
                  "overwritten by a later layer while it is read: at least one of N trials is corrupted.")
 def _claim_race(d: Mapping[str, Any]) -> tuple[bool, dict[str, Any]]:
     r = d["results"]["unprotected"]
-    return r["corrupted_trials"] >= 1, {"corrupted_trials": r["corrupted_trials"], "trials": r["trials"],
-                                        "corrupted_layers_max": r["corrupted_layers_max"]}
+    return r["corrupted_trials"] >= 1, {"corrupted trials": r["corrupted_trials"], "trials": r["trials"],
+                                        "most corrupted layers in a trial": r["corrupted_layers_max"]}
 
 
 @claim("streams.fixes_correct", chapter=2, experiment="streams.strategies", source=POST_URL,
@@ -442,13 +442,23 @@ def _claim_race(d: Mapping[str, Any]) -> tuple[bool, dict[str, Any]]:
 def _claim_fixes(d: Mapping[str, Any]) -> tuple[bool, dict[str, Any]]:
     fixes = ("stall", "record_stream", "event")
     bad = {s: d["results"][s]["corrupted_trials"] for s in fixes}
-    return all(v == 0 for v in bad.values()), {**{f"{s}_corrupted": v for s, v in bad.items()},
-                                               "trials": d["results"]["stall"]["trials"]}
+    return all(v == 0 for v in bad.values()), {**{f"{s}: corrupted trials": v for s, v in bad.items()},
+                                               "trials each": d["results"]["stall"]["trials"]}
 
 
 def _extreme_points(d: Mapping[str, Any]) -> tuple[int, int]:
     ra = [pt["runahead_ms"] for pt in d["points"]]
     return ra.index(min(ra)), ra.index(max(ra))
+
+
+def _mib_figure(nbytes: float) -> float | int:
+    """MiB for a claims table: whole numbers without a decimal point."""
+    v = nbytes / MiB
+    return int(v) if v == int(v) else round(v, 1)
+
+
+def _point_text(pt: Mapping[str, Any]) -> str:
+    return f"{pt['consumer_ms']:g} ms GPU / {pt['host_delay_ms']:g} ms host"
 
 
 @claim("streams.record_stream_runahead", chapter=2, experiment="streams.runahead", source=POST_URL,
@@ -458,9 +468,10 @@ def _claim_runahead(d: Mapping[str, Any]) -> tuple[bool, dict[str, Any]]:
     lo, hi = _extreme_points(d)
     act = d["record_stream"]["peak_active_bytes"]
     ratio = act[hi] / act[lo] if act[lo] > 0 else math.inf
-    return ratio >= 8, {"peak_active_mib_smallest_runahead": act[lo] / MiB,
-                        "peak_active_mib_largest_runahead": act[hi] / MiB, "ratio": ratio,
-                        "smallest_point": d["points"][lo], "largest_point": d["points"][hi]}
+    return ratio >= 8, {"peak active MiB, largest run-ahead": _mib_figure(act[hi]),
+                        "peak active MiB, smallest run-ahead": _mib_figure(act[lo]), "ratio": ratio,
+                        "largest run-ahead": _point_text(d["points"][hi]),
+                        "smallest run-ahead": _point_text(d["points"][lo])}
 
 
 @claim("streams.event_bounded", chapter=2, experiment="streams.runahead", source=POST_URL,
@@ -469,8 +480,8 @@ def _claim_runahead(d: Mapping[str, Any]) -> tuple[bool, dict[str, Any]]:
 def _claim_event_bounded(d: Mapping[str, Any]) -> tuple[bool, dict[str, Any]]:
     bound = (d["in_flight"] + 1) * d["buffer_bytes"]
     peaks = d["event"]["peak_active_bytes"]
-    return max(peaks) <= bound + SLACK_BYTES, {"max_peak_active_mib": max(peaks) / MiB, "bound_mib": bound / MiB,
-                                               "in_flight": d["in_flight"]}
+    return max(peaks) <= bound + SLACK_BYTES, {"highest peak active MiB": _mib_figure(max(peaks)),
+                                               "bound MiB": _mib_figure(bound), "buffers in flight": d["in_flight"]}
 
 
 @claim("streams.allocated_misses_parked", chapter=2, experiment="streams.runahead", source=POST_URL,
@@ -479,5 +490,5 @@ def _claim_event_bounded(d: Mapping[str, Any]) -> tuple[bool, dict[str, Any]]:
 def _claim_allocated(d: Mapping[str, Any]) -> tuple[bool, dict[str, Any]]:
     _, hi = _extreme_points(d)
     alloc, act = d["record_stream"]["peak_allocated_bytes"][hi], d["record_stream"]["peak_active_bytes"][hi]
-    return alloc < 0.5 * act, {"peak_allocated_mib": alloc / MiB, "peak_active_mib": act / MiB,
-                               "point": d["points"][hi]}
+    return alloc < 0.5 * act, {"peak allocated MiB": _mib_figure(alloc), "peak active MiB": _mib_figure(act),
+                               "at": _point_text(d["points"][hi])}

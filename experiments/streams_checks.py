@@ -34,8 +34,8 @@ _BLOCK_WHY = {
     "stall": "Stall: the host waits for the consumer before it frees, so the next allocation reuses the same, "
              "now idle, block: one block.",
     "record_stream": "record_stream: a parked block comes back only when a later allocation polls its event and "
-                     "finds it complete. The host allocates every layer within a fraction of a millisecond, long "
-                     "before the first consumer finishes, so each layer gets a new block.",
+                     "finds it complete. The host queues a layer much faster than the GPU runs one, so it makes "
+                     "every allocation before the first consumer has finished, and each layer gets a new block.",
     "event": "Event handoff: the kept consumed buffer(s) plus the one being filled; the oldest is released only "
              "after the producer stream waits on its event, and the next all-gather reuses it.",
 }

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from matplotlib.patches import Patch
+from matplotlib.ticker import MaxNLocator
 
 from .plotting import PALETTE, bars, mib, new_figure, stamp, stream_lanes
 from .registry import Result
@@ -19,6 +20,10 @@ COUNTER_KEYS = (("peak_allocated_bytes", "allocated"), ("peak_active_bytes", "ac
 COUNTER_COLORS = ("#9bb7d4", PALETTE[0], "#1f3d5c")
 # Buffers get colours by block, so that equal colours mean the same memory.
 BLOCK_COLORS = ("#3b6ea8", "#d9822b", "#3f9a5b", "#7b5ea7", "#8c6d46", "#c2549d", "#17becf", "#6b6b6b")
+
+
+def _blocks(n: int) -> str:
+    return f"{n} block" if n == 1 else f"{n} blocks"
 
 
 def _grouped(ax: Any, groups: Sequence[str], series: Sequence[tuple[str, Sequence[float], str]],
@@ -53,13 +58,18 @@ def plot_strategies(result: Result) -> Any:
     _grouped(axes[1], labels, [(label, [mib(res[s][key]) for s in names], color)
                                for (key, label), color in zip(COUNTER_KEYS, COUNTER_COLORS)],
              ylabel="peak above start (MiB)")
-    axes[1].axhline(mib(d["buffer_bytes"]), color=GRAY, linestyle=":", linewidth=1)
+    axes[1].axhline(mib(d["buffer_bytes"]), color=GRAY, linestyle=":", linewidth=1,
+                    label=f"one buffer ({mib(d['buffer_bytes']):g} MiB)")
     axes[1].set_title("Memory (largest of the trials)")
     axes[1].legend(loc="upper left", fontsize=8)
     x = range(len(names))
-    axes[2].bar(x, [res[s]["span_ms"] for s in names], 0.6, color=PALETTE[0], label="GPU span")
-    axes[2].bar(x, [res[s]["overlap_ms"] for s in names], 0.3, color=PALETTE[1],
-                label="producer and consumer both busy")
+    spans = axes[2].bar(x, [res[s]["span_ms"] for s in names], 0.6, color=PALETTE[0], label="GPU span")
+    overlaps = axes[2].bar(x, [res[s]["overlap_ms"] for s in names], 0.3, color=PALETTE[1],
+                           label="producer and consumer both busy")
+    for rects, key in ((spans, "span_ms"), (overlaps, "overlap_ms")):
+        for rect, s in zip(rects, names):
+            axes[2].annotate(f"{res[s][key]:.1f}", (rect.get_x() + rect.get_width() / 2, rect.get_height()),
+                             ha="center", va="bottom", fontsize=7, xytext=(0, 1), textcoords="offset points")
     axes[2].axhline(d["serial_ms"], color=GRAY, linestyle="--", linewidth=1, label="no overlap at all")
     axes[2].set_xticks(list(x))
     axes[2].set_xticklabels(labels)
@@ -88,14 +98,18 @@ def plot_pipeline(result: Result) -> Any:
     a0.legend(loc="upper left", fontsize=8)
     values = [mib(d[key]) for key, _ in COUNTER_KEYS]
     bars([label for _, label in COUNTER_KEYS], values, ylabel="peak above start (MiB)", colors=list(COUNTER_COLORS),
-         ax=a1, title=f"{d['distinct_blocks']} distinct blocks")
+         ax=a1, title=f"{_blocks(d['distinct_blocks'])} used")
     a1.axhline(layers * buf, color=GRAY, linestyle="--", linewidth=1)
-    a1.annotate("every layer's buffer", (0.02, layers * buf), xycoords=("axes fraction", "data"), va="bottom",
-                fontsize=7, color=GRAY)
+    a1.annotate(f"every layer's buffer ({layers} × {buf:g} MiB)", (0.02, layers * buf),
+                xycoords=("axes fraction", "data"), va="bottom", fontsize=7, color=GRAY)
     a1.axhline(buf, color=GRAY, linestyle=":", linewidth=1)
+    # outside the axes, on the right: inside, any bar may cover it
+    a1.annotate("one\nbuffer", (1.0, buf), xycoords=("axes fraction", "data"), xytext=(3, 0),
+                textcoords="offset points", ha="left", va="center", fontsize=7, color=GRAY, annotation_clip=False)
     a1.set_ylim(0, max(max(values), layers * buf) * 1.12)
-    fig.suptitle(f"{d['strategy']}: {p.get('consumer_ms', 0):g} ms GPU work and {p.get('host_delay_ms', 0):g} ms "
-                 f"host work per layer, {layers} × {buf:g} MiB")
+    kept = f", {d['in_flight']} in flight" if d["strategy"] == "event" else ""
+    fig.suptitle(f"{d['strategy']}{kept}: {p.get('consumer_ms', 0):g} ms GPU work and {p.get('host_delay_ms', 0):g} "
+                 f"ms host work per layer, {layers} × {buf:g} MiB")
     return stamp(fig, result)
 
 
@@ -109,7 +123,7 @@ def plot_runahead(result: Result) -> Any:
     left = [k for k, pt in enumerate(pts) if pt["host_delay_ms"] == 0]
     right = [k for k, pt in enumerate(pts) if pt["consumer_ms"] == top]
     right.sort(key=lambda k: pts[k]["host_delay_ms"])
-    fig, axes = new_figure(1, 2, width=11.0, height=3.9, sharey=True)
+    fig, axes = new_figure(1, 2, width=10.0, height=4.3, sharey=True)
     panels = ((axes[0], left, "consumer_ms", "GPU work per layer (ms), no host delay"),
               (axes[1], right, "host_delay_ms", f"host delay per layer (ms), {top:g} ms of GPU work per layer"))
     rs, ev = d["record_stream"], d["event"]
@@ -122,8 +136,9 @@ def plot_runahead(result: Result) -> Any:
         ax.plot(xs, [mib(ev["peak_active_bytes"][k]) for k in idx], "o-", color=PALETTE[2],
                 label=f"event handoff ({d['in_flight']} in flight): peak active")
         ax.axhline(d["layers"] * buf, color=GRAY, linestyle=":", linewidth=1)
-        ax.annotate(f"{d['layers']} layers × {buf:g} MiB", (0.01, d["layers"] * buf),
-                    xycoords=("axes fraction", "data"), va="bottom", fontsize=7, color=GRAY)
+        # centred: the curves meet this line at the panels' outer ends
+        ax.annotate(f"every layer's buffer ({d['layers']} × {buf:g} MiB)", (0.5, d["layers"] * buf),
+                    xycoords=("axes fraction", "data"), ha="center", va="bottom", fontsize=7, color=GRAY)
         ax.set_xticks(xs)
         ax.set_xticklabels([f"{pts[k][key]:g}" for k in idx])
         ax.set_xlabel(xlabel)
@@ -174,9 +189,11 @@ def plot_memory_cap(result: Result) -> Any:
     a0.set_ylabel("host time of torch.empty (ms)")
     a0.set_title(f"Allocation stalls under a {d['cap_mib']} MiB cap")
     a0.legend(loc="upper left", fontsize=8)
-    bars([label for _, _, label in names], [st[key]["num_alloc_retries"] for key, _, _ in names],
-         ylabel="allocator retries (count)", colors=[color for _, color, _ in names], ax=a1,
-         title="num_alloc_retries")
+    retries = [st[key]["num_alloc_retries"] for key, _, _ in names]
+    bars([label for _, _, label in names], retries, ylabel="allocator retries (count)",
+         colors=[color for _, color, _ in names], ax=a1, title="num_alloc_retries")
+    a1.yaxis.set_major_locator(MaxNLocator(integer=True))
+    a1.set_ylim(0, max(retries + [1]) * 1.15)
     return stamp(fig, result)
 
 
@@ -202,7 +219,7 @@ def plot_timeline(result: Result) -> Any:
         "consumer stream": consumer,
     }
     fig = stream_lanes(lanes)
-    fig.suptitle(f"{d['strategy']}: {d['distinct_blocks']} block(s), {d['corrupted_layers']} of {d['layers']} "
+    fig.suptitle(f"{d['strategy']}: {_blocks(d['distinct_blocks'])}, {d['corrupted_layers']} of {d['layers']} "
                  f"layers read the wrong buffer")
     ax = fig.axes[0]
     ax.plot(d["del_ms"], [0.0] * len(d["del_ms"]), "v", color=BAD, markersize=6, zorder=5)
@@ -212,3 +229,71 @@ def plot_timeline(result: Result) -> Any:
     handles.append(ax.plot([], [], "v", color=BAD, label="host drops its reference")[0])
     ax.legend(handles=handles, loc="lower right", fontsize=7, ncol=min(len(handles), 5), bbox_to_anchor=(1.0, 1.0))
     return stamp(fig, result)
+
+
+# ------------------------------------------------------------------ text tables for the page
+
+def _text_table(header: Sequence[str], rows: Sequence[Sequence[Any]], *, right: Sequence[bool]) -> str:
+    """Aligned columns (numbers right-aligned), a rule under the header."""
+    cells = [[str(c) for c in r] for r in [header, *rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    def line(r: Sequence[str]) -> str:
+        return "  ".join(c.rjust(w) if ra else c.ljust(w) for c, w, ra in zip(r, widths, right)).rstrip()
+    return "\n".join([line(cells[0]), "  ".join("-" * w for w in widths), *(line(r) for r in cells[1:])])
+
+
+def strategies_table(result: Result) -> str:
+    """One row per strategy of a ``streams.strategies`` result: corrupted trials, blocks,
+    peak active memory (MiB), GPU span and overlap (ms), and the value each layer read."""
+    d = result.data
+    rows = []
+    for s in d["strategies"]:
+        r = d["results"][s]
+        rows.append([s, f"{r['corrupted_trials']} of {r['trials']}", r["distinct_blocks"],
+                     f"{mib(r['peak_active_bytes']):.0f}", f"{r['span_ms']:.1f}", f"{r['overlap_ms']:.1f}",
+                     ", ".join(f"{v:g}" for v in r["read_mean"])])
+    table = _text_table(["strategy", "corrupted", "blocks", "active (MiB)", "span (ms)", "overlap (ms)",
+                         "layers read"], rows, right=[False, True, True, True, True, True, False])
+    return table + (f"\nactive: peak above the start; span: GPU time; overlap: producer and consumer both busy."
+                    f"\nWith no overlap at all, the GPU would need {d['serial_ms']:g} ms.")
+
+
+def runahead_table(result: Result) -> str:
+    """One row per point of a ``streams.runahead`` result: GPU and host time per layer (ms),
+    and the blocks and peak active memory (MiB) of record_stream and the event handoff."""
+    d = result.data
+    rs, ev = d["record_stream"], d["event"]
+    rows = [[f"{pt['consumer_ms']:g}", f"{pt['host_delay_ms']:g}", f"{rs['distinct_blocks'][k]:.0f}",
+             f"{mib(rs['peak_active_bytes'][k]):.0f}", f"{ev['distinct_blocks'][k]:.0f}",
+             f"{mib(ev['peak_active_bytes'][k]):.0f}"] for k, pt in enumerate(d["points"])]
+    table = _text_table(["GPU (ms)", "host (ms)", "record_stream blocks", "active (MiB)", "event blocks",
+                         "active (MiB)"], rows, right=[True] * 6)
+    return table + (f"\nGPU and host: time per layer; active: peak above the start.\n{d['layers']} layers of "
+                    f"{mib(d['buffer_bytes']):g} MiB, medians of {d['repeats']} runs.")
+
+
+def memory_cap_table(result: Result) -> str:
+    """Retries, slowest allocation (ms), peak reserved (MiB) and GPU span (ms) of both
+    strategies under the cap, and an estimate of one record_stream stall: the buffers that
+    fill the cap times the consumer's work per layer (ms)."""
+    d = result.data
+    st = d["strategies"]
+    rows = []
+    for key, label in (("record_stream", "record_stream"), ("event", "event handoff")):
+        s = st[key]
+        if s["oom"]:
+            rows.append([label, "out of memory", "", "", ""])
+            continue
+        rows.append([label, s["num_alloc_retries"], f"{s['worst_alloc_ms']:.2f}", f"{mib(s['peak_reserved_bytes']):.0f}",
+                     f"{s['span_ms']:.1f}"])
+    table = _text_table(["strategy", "retries", "slowest torch.empty (ms)", "reserved (MiB)", "span (ms)"],
+                        rows, right=[False, True, True, True, True])
+    rs = st["record_stream"]
+    if rs["oom"]:
+        return table
+    parked = rs["peak_reserved_bytes"] // d["buffer_bytes"]
+    consumer_ms = result.params["consumer_ms"]
+    return table + (f"\nreserved: peak above the start; span: GPU time.\n"
+                    f"One record_stream stall, estimated: {parked} buffers fill the cap, each behind "
+                    f"{consumer_ms:g} ms\nof consumer work, so about {parked * consumer_ms:.1f} ms; the slowest "
+                    f"allocation took {rs['worst_alloc_ms']:.1f} ms.")

@@ -14,6 +14,8 @@ Helpers live in :mod:`.syncs_ops` (the catalogue's operations), :mod:`.syncs_cas
 """
 from __future__ import annotations
 
+import re
+import textwrap
 import time
 from typing import Any, Mapping
 
@@ -26,7 +28,9 @@ from .measure import gpu_sleep, time_host
 from .registry import Param, experiment, run
 from .sync_detector import (BLIND_SPOTS, KINDS, SyncDetector, SyncError, SyncEvent, count_debug_mode_syncs,
                             no_gpu_message, no_syncs)
-from .syncs_case import SUM_COLS, STAT_COLUMNS, reduce_grad_stats, reduce_grad_stats_fixed, run_case_study
+from .syncs_case import PHASES as CASE_PHASES
+from .syncs_case import (SUM_COLS, STAT_COLUMNS, predicted_step_ms, reduce_grad_stats, reduce_grad_stats_fixed,
+                         run_case_study)
 from .syncs_ops import CAPTURE_NUMEL, NUMEL_CHOICES, OP_IDS, OPS, capture_probe, get_op, host_blocked_series, measure_op
 
 POST = "https://docs.pytorch.org/devlogs/eager/2026-08-11-hidden-h2d-sync/"
@@ -131,6 +135,7 @@ def _run_ahead_variant(variant: str, host_ms: float, gpu_ms: float) -> dict[str,
         "type": "object",
         "required": ["steps", "sync_step", "variants"],
         "properties": {"steps": {"type": "integer"}, "sync_step": {"type": "integer"},
+                       "warmed_up": {"type": "boolean"},
                        "variants": {"type": "object", "required": list(RUN_AHEAD_VARIANTS),
                                     "properties": {v: _RUN_AHEAD_VARIANT for v in RUN_AHEAD_VARIANTS}}},
     },
@@ -138,7 +143,8 @@ def _run_ahead_variant(variant: str, host_ms: float, gpu_ms: float) -> dict[str,
 def run_ahead(host_ms: float = 1.0, gpu_ms: float = 2.0) -> dict[str, Any]:
     """A loop of 8 steps, each ``host_ms`` of host work then ``gpu_ms`` of GPU work
     (``gpu_sleep`` plus a tiny add into a 0-dim ``loss``), run three ways: no sync,
-    ``loss.item()`` once (after step 3), and ``loss.item()`` after every step.
+    ``loss.item()`` once (after step 3), and ``loss.item()`` after every step, after one
+    unrecorded warm-up pass (``warmed_up``: True).
 
     Per variant (times in ms from a reference event; host intervals have ``kind``
     'python', 'launch' or 'sync'): ``host`` and ``gpu`` intervals, ``end_ms`` (the GPU
@@ -149,8 +155,11 @@ def run_ahead(host_ms: float = 1.0, gpu_ms: float = 2.0) -> dict[str, Any]:
     _validated("syncs.run_ahead", host_ms=host_ms, gpu_ms=gpu_ms)
     gpu_sleep(gpu_ms)  # calibrates the sleep kernel before anything is timed
     torch.cuda.synchronize()
+    # One unrecorded pass first: the first launch of a kernel in a process can take
+    # milliseconds (lazy module loading), which once delayed a whole recorded loop.
+    _run_ahead_variant("every_step", host_ms, gpu_ms)
     variants = {v: _run_ahead_variant(v, host_ms, gpu_ms) for v in RUN_AHEAD_VARIANTS}
-    return {"steps": RUN_AHEAD_STEPS, "sync_step": RUN_AHEAD_SYNC_STEP, "variants": variants}
+    return {"steps": RUN_AHEAD_STEPS, "sync_step": RUN_AHEAD_SYNC_STEP, "warmed_up": True, "variants": variants}
 
 
 def predicted_run_ahead_ms(host_ms: float, gpu_ms: float, steps: int = RUN_AHEAD_STEPS) -> dict[str, float]:
@@ -343,10 +352,13 @@ def copy_threshold(sizes: list[int], blocked_ms: list[float], work_ms: float) ->
 
 # ----------------------------------------------------------------- case study
 
+_PHASE_MS = {"type": "object", "required": list(CASE_PHASES),
+             "properties": {p: {"type": "number", "minimum": 0} for p in CASE_PHASES}}
 _CASE_VARIANT = {
     "type": "object",
     "required": ["step_ms", "wall_ms_per_step", "syncs_per_step", "sync_report", "timeline"],
     "properties": {"step_ms": _STATS, "syncs_per_step": {"type": "integer", "minimum": 0},
+                   "host_phase_ms": _PHASE_MS,
                    "timeline": {"type": "object", "required": ["host", "gpu"]}},
 }
 
@@ -356,27 +368,37 @@ _CASE_VARIANT = {
     chapter=4,
     title="Case study: a metrics helper that hides a sync",
     params=[Param("balance", 1.0, choices=(0.5, 1.0, 2.0), unit="× host time",
-                  help="GPU time of forward + backward as a multiple of the step's host time"),
+                  help="GPU time of a whole step as a multiple of its host time"),
             Param("steps", 40, min=10, max=200, unit="steps", help="timed steps per variant")],
     grid={"balance": [0.5, 1.0, 2.0]},
     data_schema={
         "type": "object",
         "required": ["batch", "host_ms_per_step", "heavy_gpu_ms", "variants", "speedup"],
-        "properties": {"variants": {"type": "object", "required": ["hidden_sync", "sync_free"],
+        # Written since the step clips and updates one tensor at a time; older recordings lack them.
+        "properties": {"host_phase_ms": _PHASE_MS, "gpu_phase_ms": _PHASE_MS,
+                       "gpu_ms_per_step": {"type": "number"},
+                       "predicted_ms": {"type": "object", "required": ["hidden_sync", "sync_free"]},
+                       "variants": {"type": "object", "required": ["hidden_sync", "sync_free"],
                                     "properties": {"hidden_sync": _CASE_VARIANT, "sync_free": _CASE_VARIANT}},
                        "speedup": {"type": "number"}},
     },
 )
 def case_study(balance: float = 1.0, steps: int = 40) -> dict[str, Any]:
-    """Step time of a training step (MLP, AdamW, per-group gradient metrics, a Python-loop
-    EMA; :mod:`.syncs_case`) with the post's ``reduce_grad_stats`` (tuple index: a hidden
-    sync) and with the column index kept on the device.
+    """Step time of a training step (MLP, per-group gradient metrics, then gradient
+    clipping, AdamW and an EMA that each update one tensor at a time; :mod:`.syncs_case`)
+    with the post's ``reduce_grad_stats`` (tuple index: a hidden sync) and with the column
+    index kept on the device.
 
-    The batch is chosen so that forward + backward takes ``balance`` times the step's
-    host time on the GPU. Returns ``batch``, ``host_ms_per_step``, ``heavy_gpu_ms``,
-    ``gpu_to_host`` (the ratio reached), per variant ``step_ms`` (stats of the GPU-side
-    step period, ms), ``wall_ms_per_step``, ``syncs_per_step`` (the detector, one step),
-    ``sync_report`` and a three-step ``timeline``; and ``speedup`` (hidden / sync-free).
+    The batch is chosen so that the GPU time of a whole step is ``balance`` times its
+    host time. Returns ``batch``, ``host_ms_per_step`` and ``host_phase_ms`` (host time
+    of the sync-free step and of each phase, GPU drained first), ``gpu_phase_ms`` (GPU
+    time of each phase with its launches queued ahead; ``heavy_gpu_ms`` is the forward +
+    backward one), ``gpu_ms_per_step``, ``gpu_to_host`` (the ratio reached),
+    ``predicted_ms`` (the queue model, :func:`~experiments.syncs_case.predicted_step_ms`),
+    per variant ``step_ms`` (stats of the GPU-side step period, ms),
+    ``wall_ms_per_step``, ``host_phase_ms``, ``syncs_per_step`` (the detector, one
+    step), ``sync_report`` and a three-step ``timeline``; and ``speedup`` (hidden /
+    sync-free).
     """
     p = _validated("syncs.case_study", balance=balance, steps=steps)
     return run_case_study(p["balance"], p["steps"])
@@ -477,12 +499,46 @@ def _claim_case_study(d: Mapping[str, Any]) -> tuple[bool, dict[str, Any]]:
                    "syncs per step (hidden, free)": [hidden["syncs_per_step"], free["syncs_per_step"]]}
 
 
+def describe_case_study(result: Any) -> str:
+    """The case study's numbers in a few sentences, from a ``syncs.case_study`` result.
+
+    Recordings made before the step's phases were recorded give the step times only.
+    """
+    d = result.data if hasattr(result, "data") else result
+    hidden, free = (d["variants"][v]["step_ms"]["median"] for v in ("hidden_sync", "sync_free"))
+    lines = [f"Time per step: {hidden:.1f} ms with the hidden sync, {free:.1f} ms without it: "
+             f"{d['speedup']:.2f}x faster (batch {d['batch']:,})."]
+    host, gpu = d.get("host_phase_ms"), d.get("gpu_phase_ms")
+    if host and gpu:
+        fb, met, upd = CASE_PHASES
+        model = d.get("predicted_ms") or predicted_step_ms(host, gpu)
+        lines += [
+            f"Before the sync the GPU has {gpu[fb] + gpu[met]:.1f} ms of forward, backward and metrics to run;",
+            f"after it the host spends {host[upd]:.1f} ms issuing the update loops, which need {gpu[upd]:.1f} ms "
+            "of GPU time.",
+            f"Sync-free, the step needs {sum(host.values()):.1f} ms of host and {sum(gpu.values()):.1f} ms of "
+            "GPU time.",
+            f"The queue model predicts {model['hidden_sync']:.1f} ms with the sync and {model['sync_free']:.1f} ms "
+            "without it.",
+        ]
+    return "\n".join(textwrap.fill(line, 88) for line in lines)
+
+
 def show_claim(claim_id: str, *, mode: str | None = None) -> _claims.ClaimsTable:
     """One claim, evaluated (live on a GPU, recorded otherwise), as a displayable table row."""
     return _claims.ClaimsTable([_claims.evaluate(_claims.get_claim(claim_id), mode=mode)])
 
 
 # ----------------------------------------------------------------- the detector on a page
+
+def _report_lines(lines: list[str]) -> list[str]:
+    """Detector report lines, each split into 'what, where' and the line of code below it."""
+    out = []
+    for i, line in enumerate(lines, 1):
+        m = re.match(r"^(.*? in [^:\s]+): (.*)$", line)
+        out += [f"  {i}. {m.group(1)}", f"       {m.group(2)}"] if m else [f"  {i}. {line}"]
+    return out
+
 
 def find_hidden_syncs() -> str:
     """Run one case-study step under the detector and return its report.
@@ -498,25 +554,29 @@ def find_hidden_syncs() -> str:
         with SyncDetector("report") as det:
             ts.step(reduce_grad_stats)
         torch.cuda.synchronize()
-        return "Live, on this GPU:\n" + det.report()
-    r = run("syncs.case_study")
-    lines = r["variants"]["hidden_sync"]["sync_report"]
-    head = f"{r.caption()}:\n{len(lines)} host-device sync(s) detected in one step:"
-    return "\n".join([head] + [f"  {i}. {line}" for i, line in enumerate(lines, 1)])
+        lines = [str(e) for e in det.events]
+        head = "Live, on this GPU:"
+    else:
+        r = run("syncs.case_study")
+        lines = r["variants"]["hidden_sync"]["sync_report"]
+        head = "\n".join(textwrap.wrap(r.caption() + ":", 88))
+    count = f"{len(lines)} host-device sync{'s' if len(lines) != 1 else ''} detected in one step"
+    return "\n".join([head, count + (":" if lines else ".")] + _report_lines(lines))
 
 
 from .syncs_checks import (QUIZ_OPS, check_bubble_cost, check_classification, check_run_ahead_prediction,  # noqa: E402
                            check_sync_free_rewrite, check_threshold, classification_template)
-from .syncs_plots import (blind_spot_table, catalogue_table, plot_blind_spots, plot_case_study,  # noqa: E402
-                          plot_case_study_timeline, plot_catalogue, plot_pageable_threshold, plot_queue_probe,
-                          plot_run_ahead, run_ahead_table)
+from .syncs_plots import (blind_spot_table, case_study_table, catalogue_table, plot_blind_spots,  # noqa: E402
+                          plot_case_study, plot_case_study_timeline, plot_catalogue, plot_pageable_threshold,
+                          plot_queue_probe, plot_run_ahead, run_ahead_table)
 
 __all__ = [
     "BLIND_SPOTS", "KINDS", "OPS", "OP_IDS", "QUIZ_OPS", "SUM_COLS", "STAT_COLUMNS", "SyncDetector", "SyncError",
-    "SyncEvent", "blind_spot_table", "blind_spots", "case_study", "catalogue", "catalogue_table",
+    "SyncEvent", "blind_spot_table", "blind_spots", "case_study", "case_study_table", "catalogue", "catalogue_table",
     "check_bubble_cost", "check_classification", "check_run_ahead_prediction", "check_sync_free_rewrite",
-    "check_threshold", "classification_template", "copy_threshold", "count_debug_mode_syncs", "find_hidden_syncs",
-    "no_gpu_message", "no_syncs", "pageable_threshold", "plot_blind_spots", "plot_case_study", "plot_case_study_timeline",
-    "plot_catalogue", "plot_pageable_threshold", "plot_queue_probe", "plot_run_ahead", "predicted_run_ahead_ms",
-    "queue_probe", "reduce_grad_stats", "reduce_grad_stats_fixed", "run_ahead", "run_ahead_table", "show_claim",
+    "check_threshold", "classification_template", "copy_threshold", "count_debug_mode_syncs", "describe_case_study",
+    "find_hidden_syncs", "no_gpu_message", "no_syncs", "pageable_threshold", "plot_blind_spots", "plot_case_study",
+    "plot_case_study_timeline", "plot_catalogue", "plot_pageable_threshold", "plot_queue_probe", "plot_run_ahead",
+    "predicted_run_ahead_ms", "predicted_step_ms", "queue_probe", "reduce_grad_stats", "reduce_grad_stats_fixed",
+    "run_ahead", "run_ahead_table", "show_claim",
 ]

@@ -1,16 +1,22 @@
 """Chapter 4 case study: a training step whose metrics helper hides a host-to-device sync.
 
 The step is small but complete: an MLP forward and backward, per-parameter-group
-gradient statistics reduced by a metrics helper, AdamW, and an exponential moving
-average of the weights written as a Python loop (many tiny launches). The helper is the
-post's ``reduce_grad_stats``: it indexes a ``[groups, 8]`` CUDA tensor with a *tuple* of
-columns, which PyTorch turns into a CPU index tensor and a blocking copy, a full stream
-sync right after the backward pass was queued. Source: "Host-to-device syncs are bad
-too", https://docs.pytorch.org/devlogs/eager/2026-08-11-hidden-h2d-sync/ (case study).
+gradient statistics reduced by a metrics helper, gradient clipping, AdamW, and an
+exponential moving average (EMA) of the weights. Clipping, AdamW and the EMA update one
+parameter tensor at a time (``foreach=False`` and a Python loop), as research code and
+hand-written optimizers often do: after the backward pass the host issues several hundred
+small kernels. The helper is the post's ``reduce_grad_stats``: it indexes a ``[groups, 8]``
+CUDA tensor with a *tuple* of columns, which PyTorch turns into a CPU index tensor and a
+blocking copy, a full stream sync right after the backward pass was queued. Source:
+"Host-to-device syncs are bad too",
+https://docs.pytorch.org/devlogs/eager/2026-08-11-hidden-h2d-sync/ (case study).
 
-The batch is sized at run time so that the GPU time of forward + backward is a chosen
-multiple (``balance``) of the step's host time: the sync costs most when the two are
-comparable, on a T4 as on an H200.
+Why the step is built this way: a sync costs the GPU idle time after it, which is about
+the host time of the work that follows the sync minus the GPU time of that work. Here
+that is the clipping, optimizer and EMA loops (host-heavy, GPU-light). The batch is sized
+at run time so that the GPU time of a whole step is a chosen multiple (``balance``) of its
+host time: at about 1 the sync-free step keeps both sides busy and the sync costs most,
+on a T4 as on an H200.
 """
 from __future__ import annotations
 
@@ -28,10 +34,14 @@ from .sync_detector import SyncDetector
 
 SUM_COLS = (0, 2, 3, 4, 5, 6, 7)
 STAT_COLUMNS = ("sum of squares", "max |g|", "sum |g|", "sum g", "zeros", "non-finite", "|g| > 1", "numel")
-WIDTH = 1024
+WIDTH = 512
 LAYERS = 16
-MAX_BATCH = 16384
-PHASES = ("forward + backward", "metrics", "optimizer + EMA")
+FIRST_BATCH = 256
+MAX_BATCH = 131072
+MAX_GRAD_NORM = 1.0
+# Host-side phases of a step, between the marks "start", "backward", "metrics" and "end".
+PHASES = ("forward + backward", "metrics", "clip, optimizer, EMA")
+_MARKS = ("start", "backward", "metrics", "end")
 
 
 def reduce_grad_stats(local: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -86,28 +96,47 @@ class _Block(nn.Module):
 
 
 class _Phases:
-    """Host timestamps and CUDA events at the phase boundaries of each step."""
+    """Host timestamps (and, with ``events``, CUDA events) at the phase marks of each step."""
 
-    def __init__(self) -> None:
-        self.marks: list[tuple[int, str, float, torch.cuda.Event]] = []
+    def __init__(self, *, events: bool = True) -> None:
+        self.events = events
+        self.marks: list[tuple[int, str, float, Any]] = []
 
     def mark(self, step: int, name: str) -> None:
-        ev = torch.cuda.Event(enable_timing=True)
-        ev.record()
+        ev = None
+        if self.events:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
         self.marks.append((step, name, time.perf_counter(), ev))
+
+    def host_ms(self) -> dict[str, list[float]]:
+        """Host time (ms) of each phase, per step."""
+        out: dict[str, list[float]] = {p: [] for p in PHASES}
+        by_step: dict[int, dict[str, float]] = {}
+        for step, name, t, _ in self.marks:
+            by_step.setdefault(step, {})[name] = t
+        for marks in by_step.values():
+            for phase, a, b in zip(PHASES, _MARKS, _MARKS[1:]):
+                if a in marks and b in marks:
+                    out[phase].append((marks[b] - marks[a]) * 1e3)
+        return out
 
 
 class TrainingStep:
     """The case study's model, optimizer and EMA; :meth:`step` runs one training step.
 
+    A step is :meth:`forward_backward`, :meth:`metrics` (per-group gradient statistics
+    reduced by ``reduce_fn``; the result stays on the device) and :meth:`update`
+    (gradient clipping, AdamW and the EMA, each one parameter tensor at a time).
+
     Args:
         width, layers: MLP size (``layers`` residual blocks of Linear, LayerNorm, GELU).
         batch: rows per step (change it with :meth:`set_batch`).
-        device: a CUDA device.
+        device: a CUDA device (the CPU works too, for tests).
     """
 
     def __init__(self, *, device: torch.device, width: int = WIDTH, layers: int = LAYERS, batch: int = 64,
-                 seed: int = 0, ema_decay: float = 0.999) -> None:
+                 seed: int = 0, ema_decay: float = 0.999, max_grad_norm: float = MAX_GRAD_NORM) -> None:
         torch.manual_seed(seed)
         self.device, self.width, self.layers, self.seed = device, width, layers, seed
         self.model = nn.Sequential(*[_Block(width) for _ in range(layers)], nn.Linear(width, 64)).to(device)
@@ -122,11 +151,14 @@ class TrainingStep:
             else:
                 groups["late weights"].append(p)
         decay = {"early weights": 0.01, "late weights": 0.01, "biases": 0.0, "norms": 0.0}
+        # foreach=False: one parameter at a time, like most hand-written optimizers. Every
+        # tensor costs the host a few launches of small kernels: cheap on the GPU, not on the host.
         self.opt = torch.optim.AdamW([{"params": ps, "weight_decay": decay[k]} for k, ps in groups.items()],
-                                     lr=1e-4, foreach=True)
+                                     lr=1e-4, foreach=False)
         self.params = [p for ps in groups.values() for p in ps]
         self.ema = [p.detach().clone() for p in self.params]
         self.ema_decay = ema_decay
+        self.max_grad_norm = max_grad_norm
         self.stat_sums = torch.zeros(len(SUM_COLS), device=device)
         self.stat_max = torch.zeros((), device=device)
         self.loss_sum = torch.zeros((), device=device)
@@ -149,6 +181,22 @@ class TrainingStep:
         loss.backward()
         return loss
 
+    def metrics(self, reduce_fn: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Per-group gradient statistics, reduced by ``reduce_fn`` and accumulated on the device."""
+        local = torch.stack([group_stats([p.grad for p in g["params"]]) for g in self.opt.param_groups])
+        sums, gmax = reduce_fn(local)
+        self.stat_sums.add_(sums)
+        torch.maximum(self.stat_max, gmax, out=self.stat_max)
+
+    def update(self, loss: torch.Tensor) -> None:
+        """Gradient clipping, the optimizer step and the EMA, one parameter tensor at a time."""
+        torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm, foreach=False)
+        self.opt.step()
+        with torch.no_grad():
+            for e, p in zip(self.ema, self.params):
+                e.mul_(self.ema_decay).add_(p, alpha=1 - self.ema_decay)
+        self.loss_sum.add_(loss.detach())
+
     def step(self, reduce_fn: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
              phases: _Phases | None = None, index: int = 0) -> None:
         """One training step; the metrics go through ``reduce_fn`` and stay on the device."""
@@ -157,17 +205,10 @@ class TrainingStep:
         loss = self.forward_backward()
         if phases:
             phases.mark(index, "backward")
-        local = torch.stack([group_stats([p.grad for p in g["params"]]) for g in self.opt.param_groups])
-        sums, gmax = reduce_fn(local)
-        self.stat_sums.add_(sums)
-        torch.maximum(self.stat_max, gmax, out=self.stat_max)
+        self.metrics(reduce_fn)
         if phases:
             phases.mark(index, "metrics")
-        self.opt.step()
-        with torch.no_grad():
-            for e, p in zip(self.ema, self.params):
-                e.mul_(self.ema_decay).add_(p, alpha=1 - self.ema_decay)
-        self.loss_sum.add_(loss.detach())
+        self.update(loss)
         if phases:
             phases.mark(index, "end")
 
@@ -176,8 +217,8 @@ def queued_gpu_ms(fn: Callable[[], Any], *, lead_ms: float, repeats: int = 3) ->
     """GPU time of ``fn`` (ms, median) with its launches hidden behind ``lead_ms`` of queued work.
 
     The start event is queued after a sleep kernel, so by the time the GPU reaches it
-    every kernel of ``fn`` is already queued: the interval is GPU execution only, not
-    host launch time.
+    every kernel of ``fn`` is already queued (``lead_ms`` must exceed the host time of
+    ``fn``): the interval is GPU execution only, not host launch time.
     """
     times = []
     for _ in range(repeats):
@@ -192,25 +233,28 @@ def queued_gpu_ms(fn: Callable[[], Any], *, lead_ms: float, repeats: int = 3) ->
     return statistics.median(times)
 
 
-def host_ms_per_step(ts: TrainingStep, reduce_fn: Callable, *, repeats: int = 7) -> float:
-    """Median host time of one step (ms), the GPU drained before each."""
-    times = []
-    for _ in range(repeats):
+def host_ms_per_step(ts: TrainingStep, reduce_fn: Callable, *, repeats: int = 7) -> tuple[float, dict[str, float]]:
+    """Median host time of one step (ms) and of each of its :data:`PHASES`, the GPU drained
+    before each step (so no phase includes a wait, whatever ``reduce_fn`` does)."""
+    totals = []
+    phases = _Phases(events=False)
+    for i in range(repeats):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        ts.step(reduce_fn)
-        times.append((time.perf_counter() - t0) * 1e3)
+        ts.step(reduce_fn, phases, i)
+        totals.append((time.perf_counter() - t0) * 1e3)
     torch.cuda.synchronize()
-    return statistics.median(times)
+    return statistics.median(totals), {k: statistics.median(v) for k, v in phases.host_ms().items()}
 
 
 def choose_batch(ts: TrainingStep, target_ms: float, *, lead_ms: float) -> tuple[int, float]:
     """The batch whose forward + backward takes about ``target_ms`` of GPU time.
 
-    Doubles from 64 rows until the GPU time reaches the target (or memory or
-    :data:`MAX_BATCH` stops it), then interpolates. Returns (batch, measured GPU ms).
+    Doubles from :data:`FIRST_BATCH` rows until the GPU time reaches the target (or
+    memory or :data:`MAX_BATCH` stops it), then interpolates. Returns (batch, measured
+    GPU ms).
     """
-    batch, prev = 64, None
+    batch, prev = FIRST_BATCH, None
     while True:
         ts.set_batch(batch)
         g = queued_gpu_ms(ts.forward_backward, lead_ms=lead_ms)
@@ -238,9 +282,11 @@ def measure_variant(ts: TrainingStep, reduce_fn: Callable, *, steps: int, warmup
     """Step time of ``reduce_fn``'s variant, the syncs in one step, and a timeline.
 
     ``step_ms`` is the median (p10, p90) of the GPU-side period between the starts of
-    consecutive steps, from CUDA events: in steady state, the time per step. The
-    timeline holds host and GPU intervals of ``window`` steps from the middle of the run
-    (ms; host and GPU clocks aligned through a reference event, see ``run_ahead``).
+    consecutive steps, from CUDA events: in steady state, the time per step.
+    ``host_phase_ms`` holds the median host time of each phase (ms; with the hidden
+    sync, "metrics" includes the wait). The timeline holds host and GPU intervals of
+    ``window`` steps from the middle of the run (ms; host and GPU clocks aligned through
+    a reference event, see ``run_ahead``).
     """
     for _ in range(warmup):
         ts.step(reduce_fn)
@@ -272,8 +318,7 @@ def measure_variant(ts: TrainingStep, reduce_fn: Callable, *, steps: int, warmup
     host, gpu = [], []
     for i in range(first, min(first + window, steps)):
         marks = {name: (h, ev) for (j, name, h, ev) in chosen if j == i}
-        bounds = ("start", "backward", "metrics", "end")
-        for phase, (a, b) in zip(PHASES, zip(bounds, bounds[1:])):
+        for phase, (a, b) in zip(PHASES, zip(_MARKS, _MARKS[1:])):
             host.append({"phase": phase, "step": i, "start_ms": (marks[a][0] - host_zero) * 1e3,
                          "end_ms": (marks[b][0] - host_zero) * 1e3})
             gpu.append({"phase": phase, "step": i, "start_ms": ref.elapsed_time(marks[a][1]),
@@ -285,31 +330,67 @@ def measure_variant(ts: TrainingStep, reduce_fn: Callable, *, steps: int, warmup
     return {
         "step_ms": {"median": s.median, "p10": s.p10, "p90": s.p90, "n": s.n},
         "wall_ms_per_step": wall_ms / steps,
+        "host_phase_ms": {k: statistics.median(v) for k, v in phases.host_ms().items()},
         "syncs_per_step": det.count,
         "sync_report": [str(e) for e in det.events[:10]],
         "timeline": {"host": host, "gpu": gpu},
     }
 
 
-def run_case_study(balance: float, steps: int) -> dict[str, Any]:
-    """The whole case study on the current GPU (see ``syncs.case_study`` for the result)."""
-    device = torch.device("cuda", torch.cuda.current_device())
-    ts = TrainingStep(device=device)
+def predicted_step_ms(host_phase_ms: dict[str, float], gpu_phase_ms: dict[str, float]) -> dict[str, float]:
+    """The queue model's time per step (ms), sync-free and with the sync after the metrics.
+
+    Sync-free, host and GPU overlap and the slower side sets the pace: the larger of the
+    two sums. With the sync, the host waits until the GPU has finished forward, backward
+    and metrics (or the GPU waits for the host's launches, whichever is later), and then
+    issues the update against an empty queue: the GPU runs each small kernel as it
+    arrives, so the update takes its host time.
+
+    Args:
+        host_phase_ms, gpu_phase_ms: ms per phase, keyed by :data:`PHASES`.
+    """
+    fb, met, upd = PHASES
+    free = max(sum(host_phase_ms[p] for p in PHASES), sum(gpu_phase_ms[p] for p in PHASES))
+    before = max(host_phase_ms[fb] + host_phase_ms[met], gpu_phase_ms[fb] + gpu_phase_ms[met])
+    hidden = before + max(host_phase_ms[upd], gpu_phase_ms[upd])
+    return {"sync_free": free, "hidden_sync": hidden}
+
+
+def run_case_study(balance: float, steps: int, *, device: torch.device | None = None) -> dict[str, Any]:
+    """The whole case study on the current GPU (see ``syncs.case_study`` for the result).
+
+    ``device`` defaults to the current CUDA device (tests pass the CPU, with the timing
+    functions of this module replaced by stand-ins).
+    """
+    device = device if device is not None else torch.device("cuda", torch.cuda.current_device())
+    ts = TrainingStep(device=device, batch=FIRST_BATCH)
     for _ in range(3):
         ts.step(reduce_grad_stats_fixed)
-    torch.cuda.synchronize()
-    host_ms = host_ms_per_step(ts, reduce_grad_stats_fixed)
-    batch, heavy_ms = choose_batch(ts, balance * host_ms, lead_ms=max(10.0, 3 * host_ms))
+    host_ms, host_phases = host_ms_per_step(ts, reduce_grad_stats_fixed)
+    lead = max(10.0, 3 * host_ms)
+    # The GPU time of metrics and update depends on the parameters, not on the batch:
+    # measure it once, and size the batch so that the whole step reaches balance x host time.
+    loss = ts.forward_backward()
+    metrics_ms = queued_gpu_ms(lambda: ts.metrics(reduce_grad_stats_fixed), lead_ms=lead)
+    update_ms = queued_gpu_ms(lambda: ts.update(loss), lead_ms=lead)
+    del loss
+    target = max(0.1 * host_ms, balance * host_ms - metrics_ms - update_ms)
+    batch, heavy_ms = choose_batch(ts, target, lead_ms=lead)
+    gpu_phases = dict(zip(PHASES, (heavy_ms, metrics_ms, update_ms)))
     variants = {
         "hidden_sync": measure_variant(ts, reduce_grad_stats, steps=steps),
         "sync_free": measure_variant(ts, reduce_grad_stats_fixed, steps=steps),
     }
     del ts
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    gpu_ms = heavy_ms + metrics_ms + update_ms
     return {
         "width": WIDTH, "layers": LAYERS, "batch": batch, "host_ms_per_step": host_ms,
-        "heavy_gpu_ms": heavy_ms, "gpu_to_host": heavy_ms / host_ms if host_ms > 0 else None,
+        "host_phase_ms": host_phases, "heavy_gpu_ms": heavy_ms, "gpu_phase_ms": gpu_phases,
+        "gpu_ms_per_step": gpu_ms, "gpu_to_host": gpu_ms / host_ms if host_ms > 0 else None,
+        "predicted_ms": predicted_step_ms(host_phases, gpu_phases),
         "variants": variants,
         "speedup": variants["hidden_sync"]["step_ms"]["median"] / variants["sync_free"]["step_ms"]["median"],
     }

@@ -12,14 +12,15 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
-from .plotting import PALETTE, bars, new_figure, stamp, stream_lanes
+from .plotting import PALETTE, new_figure, stamp, stream_lanes
 from .registry import Result
 
 SYNC_RED = "#b5403a"
 IDLE_GREY = "#dde1e6"
 HOST_COLORS = {"python": PALETTE[1], "launch": PALETTE[7], "sync": SYNC_RED}
 VARIANT_LABELS = {"none": "no sync", "once": "loss.item() once", "every_step": "loss.item() every step"}
-PHASE_COLORS = {"forward + backward": PALETTE[0], "metrics": SYNC_RED, "optimizer + EMA": PALETTE[1]}
+PHASE_COLORS = {"forward + backward": PALETTE[0], "metrics": SYNC_RED, "clip, optimizer, EMA": PALETTE[1],
+                "optimizer + EMA": PALETTE[1]}  # the last one: recordings from before clipping was added
 CASE_LABELS = {"hidden_sync": "with the hidden sync", "sync_free": "sync removed"}
 COPY_LABELS = {"pageable_non_blocking": "pageable, non_blocking=True", "pageable_blocking": "pageable, blocking",
                "pinned_non_blocking": "pinned, non_blocking=True"}
@@ -27,14 +28,27 @@ ROW_COLORS = {"reported": SYNC_RED, "missed": PALETTE[4], "quiet": PALETTE[2]}
 
 
 class HtmlTable:
-    """Rows of text shown as an HTML table in notebooks and as aligned text elsewhere."""
+    """Rows of text shown as an HTML table in notebooks and as aligned text elsewhere.
+
+    Args:
+        columns, rows: header and cells (cells are shown as text).
+        caption: shown under the table.
+        highlight: per row, shade it.
+        groups: per row, a group name; a header row is inserted where it changes.
+        code_columns: indices of columns shown in a monospace font.
+        summary: if given, the table is folded under this line (an HTML ``<details>``).
+    """
 
     def __init__(self, columns: Sequence[str], rows: Sequence[Sequence[Any]], caption: str = "",
-                 highlight: Sequence[bool] | None = None) -> None:
+                 highlight: Sequence[bool] | None = None, *, groups: Sequence[str] | None = None,
+                 code_columns: Sequence[int] = (), summary: str = "") -> None:
         self.columns = list(columns)
         self.rows = [[str(c) for c in r] for r in rows]
         self.caption = caption
         self.highlight = list(highlight) if highlight is not None else [False] * len(self.rows)
+        self.groups = list(groups) if groups is not None else [""] * len(self.rows)
+        self.code_columns = set(code_columns)
+        self.summary = summary
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -43,20 +57,38 @@ class HtmlTable:
         widths = [max(len(c), *(len(r[i]) for r in self.rows)) if self.rows else len(c)
                   for i, c in enumerate(self.columns)]
         lines = ["  ".join(c.ljust(w) for c, w in zip(self.columns, widths))]
-        lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in self.rows]
+        group = ""
+        for r, g in zip(self.rows, self.groups):
+            if g and g != group:
+                lines.append(f"-- {g}")
+                group = g
+            lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)))
         if self.caption:
             lines.append(self.caption)
         return "\n".join(lines)
 
+    def _cell(self, i: int, text: str) -> str:
+        body = html.escape(text)
+        if i in self.code_columns:
+            body = f"<code style='white-space:nowrap'>{body}</code>"
+        return f"<td style='text-align:left;padding:2px 8px;vertical-align:top'>{body}</td>"
+
     def _repr_html_(self) -> str:
-        head = "".join(f"<th style='text-align:left'>{html.escape(c)}</th>" for c in self.columns)
-        body = []
-        for r, hi in zip(self.rows, self.highlight):
+        head = "".join(f"<th style='text-align:left;padding:2px 8px'>{html.escape(c)}</th>" for c in self.columns)
+        body, group = [], ""
+        for r, hi, g in zip(self.rows, self.highlight, self.groups):
+            if g and g != group:
+                body.append(f"<tr><td colspan='{len(self.columns)}' style='padding:8px 8px 2px;font-weight:bold'>"
+                            f"{html.escape(g)}</td></tr>")
+                group = g
             style = " style='background:#fbeaea'" if hi else ""
-            body.append(f"<tr{style}>" + "".join(f"<td style='text-align:left'>{html.escape(c)}</td>" for c in r)
-                        + "</tr>")
+            body.append(f"<tr{style}>" + "".join(self._cell(i, c) for i, c in enumerate(r)) + "</tr>")
         cap = f"<caption style='caption-side:bottom;font-size:80%;color:#555'>{html.escape(self.caption)}</caption>"
-        return f"<table>{cap if self.caption else ''}<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+        table = (f"<table style='font-size:90%'>{cap if self.caption else ''}<thead><tr>{head}</tr></thead>"
+                 f"<tbody>{''.join(body)}</tbody></table>")
+        if self.summary:
+            return f"<details><summary>{html.escape(self.summary)}</summary>{table}</details>"
+        return table
 
 
 # ----------------------------------------------------------------- run-ahead
@@ -168,19 +200,23 @@ def plot_catalogue(result: Result) -> Figure:
 
 
 def catalogue_table(result: Result) -> HtmlTable:
-    """The catalogue as a table: one row per operation, measured columns and the mechanism."""
+    """The catalogue as a table, folded: one row per operation under its group, the
+    measured columns and the mechanism."""
     d = result.data
-    rows, hi = [], []
+    rows, hi, groups = [], [], []
     for r in d["rows"]:
-        kinds = ", ".join(r.get("detector_kinds", [])) or "-"
-        why = r["why"] + (f" ({r['version_note']})" if r.get("version_note") else "")
-        rows.append([r["code"], r["group"], r["debug_mode_syncs"], f"{r['detector_syncs']} ({kinds})",
-                     f"{r['host_blocked_ms']['median']:.2f}", _capture_text(r["capturable"]), why])
+        extra = [k for k in r.get("detector_kinds", []) if k != "debug_mode"]
+        detector = f"{r['detector_syncs']}" + (f" ({', '.join(extra)})" if extra else "")
+        why = r["why"] + (f"; {r['version_note']}" if r.get("version_note") else "")
+        rows.append([r["code"], r["debug_mode_syncs"], detector, f"{r['host_blocked_ms']['median']:.2f}",
+                     _capture_text(r["capturable"]), why])
         hi.append(bool(r["syncs"]))
-    cols = ["operation", "kind", "debug-mode warnings", "book's detector", f"host waits (ms of {d['work_ms']:g})",
-            "CUDA graph", "why"]
-    return HtmlTable(cols, rows, caption=f"{result.caption()}. Shaded rows made the host wait or were reported.",
-                     highlight=hi)
+        groups.append(r["group"])
+    cols = ["operation", "debug mode", "detector", "host wait (ms)", "CUDA graph", "why"]
+    return HtmlTable(cols, rows, highlight=hi, groups=groups, code_columns=(0,),
+                     caption=(f"{result.caption()}. Host wait: median, with {d['work_ms']:g} ms of GPU work queued "
+                              "first. Shaded rows made the host wait or were reported."),
+                     summary=f"The catalogue as a table: {len(rows)} operations and why each does or does not sync")
 
 
 def plot_queue_probe(result: Result) -> Figure:
@@ -237,17 +273,60 @@ def plot_pageable_threshold(result: Result) -> Figure:
 # ----------------------------------------------------------------- case study
 
 def plot_case_study(result: Result) -> Figure:
-    """Median time per step (ms, p10-p90) with the hidden sync and without it."""
+    """Median time per step (ms, p10-p90) with the hidden sync and without it, next to
+    the step's host time and GPU time and the queue model's prediction (when recorded)."""
     d = result.data
     names = ("hidden_sync", "sync_free")
     steps = [d["variants"][n]["step_ms"] for n in names]
-    fig = bars([CASE_LABELS[n] for n in names], [s["median"] for s in steps],
-               errors=[(s["p10"], s["p90"]) for s in steps], ylabel="time per training step (ms)",
-               colors=[SYNC_RED, PALETTE[2]], annotate_fmt="{:.2f}",
-               title=(f"{d['speedup']:.2f}x faster without the sync\nbatch {d['batch']}: forward + backward "
-                      f"{d['heavy_gpu_ms']:.1f} ms on the GPU, {d['host_ms_per_step']:.1f} ms of host time per step"))
-    fig.axes[0].title.set_fontsize(9)
+    fig, ax = new_figure(width=6.4, height=4.0)
+    xs = list(range(len(names)))
+    med = [s["median"] for s in steps]
+    err = [[max(0.0, m - s["p10"]) for m, s in zip(med, steps)], [max(0.0, s["p90"] - m) for m, s in zip(med, steps)]]
+    ax.bar(xs, med, yerr=err, capsize=4, width=0.55, color=[SYNC_RED, PALETTE[2]], label="measured (median, p10-p90)")
+    for x, m, s in zip(xs, med, steps):
+        ax.annotate(f"{m:.1f} ms", (x, max(m, s["p90"])), xytext=(0, 3), textcoords="offset points", ha="center",
+                    va="bottom", fontsize=9)
+    model = d.get("predicted_ms")
+    if model:
+        ax.scatter(xs, [model[n] for n in names], marker="D", s=30, color="#222222", zorder=3, label="queue model")
+    ax.axhline(d["host_ms_per_step"], color=PALETTE[1], linestyle="--", linewidth=1.2,
+               label="host time per step (sync-free)")
+    if d.get("gpu_ms_per_step"):
+        ax.axhline(d["gpu_ms_per_step"], color=PALETTE[0], linestyle=":", linewidth=1.5, label="GPU time per step")
+    ax.set_xticks(xs)
+    ax.set_xticklabels([CASE_LABELS[n] for n in names])
+    ax.set_xlim(-0.6, len(names) - 0.4)
+    ax.set_ylim(0, 1.3 * max(max(s["p90"] for s in steps), d["host_ms_per_step"], d.get("gpu_ms_per_step") or 0))
+    ax.set_ylabel("time per training step (ms)")
+    ax.grid(axis="x", visible=False)
+    ax.set_title(f"{d['speedup']:.2f}x faster without the sync (batch {d['batch']:,})", fontsize=10)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, fontsize=8, frameon=False)
     return stamp(fig, result)
+
+
+def case_study_table(result: Result) -> HtmlTable:
+    """Host and GPU time of each phase of the step (ms), the measured step times and the
+    queue model's. Recordings made before the phases were recorded give the totals only."""
+    from .syncs_case import predicted_step_ms
+
+    d = result.data
+    host, gpu = d.get("host_phase_ms"), d.get("gpu_phase_ms")
+    rows = []
+    if host and gpu:
+        for phase in host:
+            rows.append([phase, f"{host[phase]:.2f}", f"{gpu[phase]:.2f}"])
+        rows.append(["whole step", f"{sum(host.values()):.2f}", f"{sum(gpu.values()):.2f}"])
+        model = d.get("predicted_ms") or predicted_step_ms(host, gpu)
+    else:
+        rows.append(["whole step", f"{d['host_ms_per_step']:.2f}", f"forward + backward: {d['heavy_gpu_ms']:.2f}"])
+        model = None
+    for name in ("sync_free", "hidden_sync"):
+        v = d["variants"][name]
+        predicted = f", model {model[name]:.2f}" if model else ""
+        rows.append([f"time per step, {CASE_LABELS[name]}", "", f"measured {v['step_ms']['median']:.2f}{predicted}"])
+    return HtmlTable(["phase", "host (ms)", "GPU (ms)"], rows,
+                     caption=(f"{result.caption()}. Host: sync-free step, GPU drained first. GPU: the phase's "
+                              "kernels queued behind other work, so that launches cost nothing."))
 
 
 def plot_case_study_timeline(result: Result) -> Figure:
@@ -258,20 +337,24 @@ def plot_case_study_timeline(result: Result) -> Figure:
     next, which includes any idle time while kernels trickle in.
     """
     d = result.data
-    fig, axes = new_figure(2, 1, width=8.0, height=4.4)
+    fig, axes = new_figure(2, 1, width=8.0, height=4.4, sharex=True)
+    phases: list[str] = []
     for ax, name in zip(axes, ("hidden_sync", "sync_free")):
         tl = d["variants"][name]["timeline"]
+        for iv in tl["host"]:
+            if iv["phase"] not in phases:
+                phases.append(iv["phase"])
 
         def lane(ivs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             return [{"start_ms": iv["start_ms"], "end_ms": max(iv["start_ms"], iv["end_ms"]),
-                     "color": PHASE_COLORS[iv["phase"]]} for iv in ivs]
+                     "color": PHASE_COLORS.get(iv["phase"], PALETTE[7])} for iv in ivs]
 
         stream_lanes({"host": lane(tl["host"]), "GPU": lane(tl["gpu"])}, ax=ax,
                      title=f"{CASE_LABELS[name]}: {d['variants'][name]['step_ms']['median']:.2f} ms per step")
         if ax is not axes[-1]:
             ax.set_xlabel("")
-    fig.legend(handles=[Patch(color=c, label=p) for p, c in PHASE_COLORS.items()], loc="outside upper center",
-               ncol=3, fontsize=8)
+    fig.legend(handles=[Patch(color=PHASE_COLORS.get(p, PALETTE[7]), label=p) for p in phases],
+               loc="outside upper center", ncol=3, fontsize=8)
     return stamp(fig, result)
 
 

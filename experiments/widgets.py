@@ -35,14 +35,23 @@ def _live_control(p: Param) -> Any:
     return w.FloatSlider(value=p.default, min=lo, max=hi, continuous_update=False, **common)
 
 
+def _label(v: float) -> str:
+    """A slider label: 104857603.0 -> '104,857,603', 0.5 -> '0.5'."""
+    if float(v).is_integer():
+        return f"{int(v):,}"
+    return f"{v:g}"
+
+
 def _recorded_control(p: Param, values: Sequence[Any]) -> Any:
     import ipywidgets as w
 
     desc = f"{p.name}" + (f" ({p.unit})" if p.unit else "")
+    if p.choices is not None:  # the order the chapter gave its choices in, not alphabetical
+        values = sorted(values, key=lambda v: p.choices.index(v) if v in p.choices else len(p.choices))
     value = p.default if p.default in values else values[0]
     numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
     if numeric and len(values) > 1:
-        return w.SelectionSlider(options=list(values), value=value, description=desc,
+        return w.SelectionSlider(options=[(_label(v), v) for v in values], value=value, description=desc,
                                  continuous_update=False, style={"description_width": "initial"})
     return w.Dropdown(options=list(values), value=value, description=desc,
                       style={"description_width": "initial"})

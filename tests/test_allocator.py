@@ -1,8 +1,10 @@
 """Chapter 1 on CPU: snapshot and OOM-message parsing, the experiments' data assembly (with the
 allocator model standing in for the GPU), claims, figures, tables, checks, and the recorded
 results the book renders."""
+import copy
 import math
 import pickle
+import re
 
 import jsonschema
 import pytest
@@ -15,11 +17,7 @@ from experiments.allocator_snapshot import (
     PoolIdsMissingError, format_figure, fragmentation_index, layout_summary, load_snapshot, oom_rows,
     parse_oom_message, parse_segments,
 )
-from experiments.device import Provenance
 from experiments.registry import Result
-
-PROV = Provenance("NVIDIA H200", "9.0", 150109880320, "580.159.04", "13.0", "2.11.0+cu130", "3.12.3",
-                  "2026-11-30T09:11:53+00:00", "0123456789")
 
 # An out-of-memory message as torch 2.11 printed it on the lab H200 (allocator-rules.md §I.4).
 LAB_OOM = """CUDA out of memory. Tried to allocate 1.40 GiB. GPU 0 has a total capacity of
@@ -29,6 +27,11 @@ process has 3.26 GiB memory in use. 2.80 GiB allowed; Of the allocated memory
 unallocated. If reserved but unallocated memory is large try setting
 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See
 documentation for Memory Management  (https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)"""
+
+
+def option_values(control):
+    """The values a widget offers (its options may be (label, value) pairs)."""
+    return [o[1] if isinstance(o, tuple) else o for o in control.options]
 
 
 def oom_message(figures, cap):
@@ -41,18 +44,67 @@ def oom_message(figures, cap):
             "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.")
 
 
-def fake_sequences(sequences, *, settings=None, cap_mib=None, timeout_s=0):
-    """The GPU worker's output, produced by the model (same structure as allocator_gpu.run_ops)."""
+def model_run(ops, settings=None, cap_mib=None):
+    """What allocator_gpu.run_ops returns, produced by the model (a CPU stand-in for the GPU)."""
     cfg = AllocatorConfig.from_settings(settings)
     cap = None if cap_mib is None else int(cap_mib * MiB)
-    out = {}
-    for name, ops in sequences.items():
-        r = simulate(ops, cfg, cap_bytes=cap)
-        r["expandable_in_effect"] = cfg.expandable_segments
-        if r["oom"]:
-            r["oom"]["message"] = oom_message(r["oom"], cap)
-        out[name] = r
+    r = simulate(ops, cfg, cap_bytes=cap)
+    r["expandable_in_effect"] = cfg.expandable_segments
+    if r["oom"]:
+        r["oom"]["message"] = oom_message(r["oom"], cap)
+    return r
+
+
+def model_graph_pools(settings, hidden, batch_sizes, dtype, autograd=True, **_):
+    """What allocator_gpu.graph_pools_worker returns, with the model's pool sizes (nothing
+    outside the pool)."""
+    expandable = AllocatorConfig.from_settings(settings).expandable_segments
+    pred = allocator.predict_graph_pools({"hidden": hidden, "batch_sizes": batch_sizes, "dtype": dtype}, expandable)
+
+    def order(values, name):
+        seg = {"total_size": values[-1], "pool": "large", "is_expandable": expandable,
+               "blocks": [{"size": values[-1], "state": "inactive"}]}
+        return {"capture_order": sorted(batch_sizes, reverse=name == "decreasing"), "growth_after_each_bytes": values,
+                "pool_after_each_bytes": values, "reserved_growth_bytes": values[-1], "pool_reserved_bytes": values[-1],
+                "pool_segments": [seg], "replayed": True, "left_after_release_bytes": 0}
+
+    out = {"hidden": hidden, "dtype": dtype, "batch_sizes": list(batch_sizes), "_alloc_conf": ""}
+    out.update({o: order(v, o) for o, v in pred["no_grad"].items()})
+    if autograd:
+        out["autograd"] = {o: order(v, o) for o, v in pred["autograd"].items()}
     return out
+
+
+class FakeFreshProcesses:
+    """Stands in for experiments.runner.run_fresh: the allocator model plays the GPU, and
+    every call (one fresh process on a GPU) is counted."""
+
+    def __init__(self):
+        self.calls = []
+        self.failing_jobs = set()
+
+    def __call__(self, target, kwargs=None, *, alloc_conf_settings=None, memory_cap_mib=None, memory_fraction=None,
+                 timeout_s=120.0, env=None):
+        from experiments.runner import FreshResult
+
+        settings = alloc_conf_settings
+        self.calls.append((target.rpartition(":")[2], settings, memory_cap_mib))
+        kwargs = kwargs or {}
+        if target.endswith(":sequences_worker"):
+            value = {n: model_run(ops, settings, memory_cap_mib) for n, ops in kwargs["sequences"].items()}
+        elif target.endswith(":shared_worker"):
+            value = {}
+            for name, job in kwargs["jobs"].items():
+                if name in self.failing_jobs:
+                    value[name] = {"ok": False, "error": "RuntimeError: CUDA error: an illegal memory access"}
+                elif "graph_pools" in job:
+                    value[name] = {"ok": True, "value": model_graph_pools(settings, **job["graph_pools"])}
+                else:
+                    value[name] = {"ok": True, "value": {n: model_run(ops, settings, job.get("cap_mib"))
+                                                         for n, ops in job["sequences"].items()}}
+        else:
+            raise AssertionError(f"unexpected fresh-process target {target}")
+        return FreshResult(True, value=store.to_jsonable(value), alloc_conf=str(settings or ""))
 
 
 def fake_layouts(groups):
@@ -60,29 +112,32 @@ def fake_layouts(groups):
             for g in groups], "mempool"
 
 
-def graph_data(increasing_mib, decreasing_mib, expandable=False):
-    def order(total):
-        steps = [round(total * (i + 1) / 8) for i in range(8)]
-        seg = {"total_size": total * MiB, "pool": "large", "is_expandable": expandable,
-               "blocks": [{"size": total * MiB, "state": "inactive"}]}
-        return {"capture_order": [], "growth_after_each_bytes": [s * MiB for s in steps],
-                "reserved_growth_bytes": total * MiB, "pool_reserved_bytes": total * MiB, "pool_segments": [seg],
-                "replayed": True, "left_after_release_bytes": 0}
-    return {"hidden": 4096, "dtype": "float16", "batch_sizes": list(allocator.GRAPH_BATCH_SIZES),
-            "increasing": order(increasing_mib), "decreasing": order(decreasing_mib), "expandable_in_effect": expandable}
-
-
 @pytest.fixture
 def fake_gpu(monkeypatch):
-    monkeypatch.setattr(allocator, "_fresh_sequences", fake_sequences)
+    """The allocator model in place of the GPU, at the fresh-process boundary (data assembly only)."""
+    from experiments import runner
+
+    fresh = FakeFreshProcesses()
+    monkeypatch.setattr(runner, "run_fresh", fresh)
     monkeypatch.setattr(allocator, "require_cuda", lambda *a, **k: None)
     monkeypatch.setattr(allocator, "check_fits", lambda *a, **k: None)
     monkeypatch.setattr(allocator_gpu, "measure_layouts", fake_layouts)
+    allocator._kept.clear()
+    yield fresh
+    allocator._kept.clear()
 
 
-def result(exp_id, data, **params):
-    exp = registry.get(exp_id)
-    return Result(exp_id, exp.complete(params), store.to_jsonable(data), PROV, "recorded", 1.0)
+@pytest.fixture
+def lab(monkeypatch):
+    """The lab H200's recording in experiments/recorded/ (never a stand-in): lab(exp_id, **params) -> Result."""
+    monkeypatch.delenv("CUDA_MEMLAB_RECORDED_DIR", raising=False)
+    monkeypatch.setenv("CUDA_MEMLAB_MODE", "recorded")
+
+    def get(exp_id, **params):
+        r = registry.run(exp_id, mode="recorded", **params)
+        assert r.provenance.gpu_name == "NVIDIA H200"
+        return r
+    return get
 
 
 def validated(exp_id, data):
@@ -223,12 +278,100 @@ def test_parameters_are_validated_before_any_gpu_work():
         allocator.oom_ops("scatter")
     with pytest.raises(ValueError, match="order must be one of"):
         allocator.timeline_ops("random", 16)
+    with pytest.raises(ValueError, match="order must be one of"):
+        allocator.graph_capture_ops([256], order="random")
+    with pytest.raises(ValueError, match="setting must be one of"):
+        allocator.shared_jobs("max_split_size_mb")
 
 
 def test_every_grid_fits_the_time_budget_shape():
     grids = {e.id: len(e.grid) for e in registry.all_experiments(1)}
     assert grids == {"alloc.request_table": 1, "alloc.anatomy": 16, "alloc.timeline": 4, "alloc.fragmentation_oom": 2,
                      "alloc.graph_pools": 2, "alloc.pool_boundary": 2, "alloc.knobs": 1}
+
+
+def record_chapter(fresh):
+    """What `python -m experiments record --chapter 1` runs: every grid point, in order."""
+    out = {}
+    for exp in registry.all_experiments(1):
+        out[exp.id] = [validated(exp.id, exp.func(**pt)) for pt in exp.grid]
+    return out
+
+
+def test_recording_the_chapter_takes_five_fresh_processes(fake_gpu):
+    """The time budget: a fresh process costs 3-5 s on the lab GPU, so the chapter uses one per
+    allocator setting (default, expandable, and one per knob), not one per grid point."""
+    record_chapter(fake_gpu)
+    targets = [(target, str(settings or ""), cap) for target, settings, cap in fake_gpu.calls]
+    assert sorted(targets) == sorted([
+        ("shared_worker", "", None), ("shared_worker", "{'expandable_segments': True}", None),
+        ("sequences_worker", "{'max_split_size_mb': 64}", 384), ("sequences_worker", "{'roundup_power2_divisions': 4}", 384),
+        ("sequences_worker", "{'garbage_collection_threshold': 0.5}", 384)]), targets
+    assert not allocator._kept, "every result a shared process measured was used"
+
+
+def test_a_shared_result_is_handed_out_once_and_not_for_long(fake_gpu, monkeypatch):
+    allocator.timeline(small_mib=16, expandable=False)
+    assert len(fake_gpu.calls) == 1 and ("default", "pool_boundary") in allocator._kept
+    allocator.pool_boundary(expandable=False)          # kept for it: no new process
+    assert len(fake_gpu.calls) == 1
+    allocator.pool_boundary(expandable=False)          # asked again: measured again
+    assert len(fake_gpu.calls) == 2
+    monkeypatch.setattr(allocator, "SHARE_WINDOW_S", -1.0)
+    allocator.fragmentation_oom(expandable=False)      # kept, but too old
+    assert len(fake_gpu.calls) == 3
+
+
+def test_shared_jobs_cover_every_setting_free_measurement():
+    jobs = allocator.shared_jobs("default")
+    assert set(jobs) == {"timeline_8", "timeline_16", "pool_boundary", "fragmentation_oom", "knobs", "graph_pools"}
+    assert jobs["fragmentation_oom"]["cap_mib"] == allocator.OOM_CAP_MIB and jobs["knobs"]["cap_mib"] == allocator.KNOB_CAP_MIB
+    assert "cap_mib" not in jobs["timeline_16"] and jobs["graph_pools"]["graph_pools"]["autograd"] is True
+    assert jobs["timeline_16"]["sequences"]["small_first"] == allocator.normalize_ops(allocator.timeline_ops("small_first", 16))
+    assert allocator.shared_jobs("expandable") == jobs   # the same work; the setting is the process's
+
+
+def test_a_failed_job_fails_only_its_experiment(fake_gpu):
+    fake_gpu.failing_jobs.add("graph_pools")
+    with pytest.raises(RuntimeError, match="graph_pools .default settings. failed in its fresh process: RuntimeError: "
+                                           "CUDA error"):
+        allocator.graph_pools(expandable=False)
+    assert allocator.timeline(small_mib=8)["orders"]["small_first"]["reserved_bytes"][-1] == 0
+    assert len(fake_gpu.calls) == 1
+
+
+def test_shared_worker_orders_jobs_sets_caps_and_keeps_failures_as_data(monkeypatch):
+    """The fresh-process side, with its GPU calls replaced: sequence jobs without a cap first, then capped
+    ones, then the graph captures with the cap lifted; a failing job is reported, the rest still run."""
+    import torch
+
+    events = []
+    monkeypatch.setattr(allocator_gpu, "require_cuda", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "init", lambda: None)
+    monkeypatch.setattr(allocator_gpu, "_settle_fresh_process", lambda: None)
+    monkeypatch.setattr(allocator_gpu, "_release", lambda: events.append("release"))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: type("P", (), {"total_memory": 1024 * MiB}))
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f: events.append(("cap", f)))
+
+    def sequences(seqs):
+        if "boom" in seqs:
+            raise RuntimeError("CUDA error: an illegal memory access")
+        events.append(("sequences", sorted(seqs)))
+        return {n: "measured" for n in seqs}
+
+    monkeypatch.setattr(allocator_gpu, "sequences_worker", sequences)
+    monkeypatch.setattr(allocator_gpu, "graph_pools_worker", lambda **kw: events.append(("graphs", kw)) or "graphs")
+    out = allocator_gpu.shared_worker({
+        "graph_pools": {"graph_pools": {"hidden": 64}},
+        "capped": {"sequences": {"c": []}, "cap_mib": 256},
+        "broken": {"sequences": {"boom": []}, "cap_mib": 256},
+        "plain": {"sequences": {"p": []}},
+    })
+    assert events == [("sequences", ["p"]), ("cap", 0.25), ("sequences", ["c"]), ("cap", 0.25), "release",
+                      ("cap", 1.0), ("graphs", {"hidden": 64})]
+    assert out["plain"] == {"ok": True, "value": {"p": "measured"}} and out["graph_pools"]["value"] == "graphs"
+    assert out["broken"] == {"ok": False, "error": "RuntimeError: CUDA error: an illegal memory access"}
 
 
 def test_request_table_data_and_claim(fake_gpu):
@@ -277,16 +420,11 @@ def test_fragmentation_oom_data_and_claim(fake_gpu):
     assert {k: p["oom"] for k, p in exp["patterns"].items()} == {"shrink": False, "interleave": True, "grouped": False}
 
 
-def test_oom_message_that_cannot_be_parsed_is_kept(fake_gpu, monkeypatch):
-    def garbled(*args, **kwargs):
-        out = fake_sequences(*args, **kwargs)
-        for r in out.values():
-            if r["oom"]:
-                r["oom"]["message"] = "CUDA out of memory. (a future wording)"
-        return out
-
-    monkeypatch.setattr(allocator, "_fresh_sequences", garbled)
-    p = allocator.fragmentation_oom()["patterns"]["interleave"]
+def test_oom_message_that_cannot_be_parsed_is_kept():
+    garbled = {name: {**r, "oom": r["oom"] and {**r["oom"], "message": "CUDA out of memory. (a future wording)"}}
+               for name, r in ((n, model_run(allocator.oom_ops(n), cap_mib=allocator.OOM_CAP_MIB))
+                               for n in allocator.OOM_PATTERNS)}
+    p = allocator._oom_data(garbled, expandable=False)["patterns"]["interleave"]
     assert p["figures"] is None and "Tried to allocate" in p["parse_error"] and p["oom"]
 
 
@@ -310,23 +448,50 @@ def test_knobs_data(fake_gpu):
     assert data["knobs"]["roundup_power2_divisions"]["setting"] == "roundup_power2_divisions:4"
 
 
-def test_knobs_skip_a_setting_this_torch_lacks(fake_gpu, monkeypatch):
+def test_knobs_skip_a_setting_this_torch_lacks(fake_gpu, monkeypatch, lab):
     monkeypatch.setitem(allocator.KNOBS, "large_segment_size_mb", {
         "setting": {"large_segment_size_mb": 40}, "workload": "a 3 MiB tensor", "ops": [("alloc", "a", 3 * MiB)]})
     monkeypatch.setattr(alloc_conf, "torch_version", lambda: (2, 6))
     k = allocator.knobs()["knobs"]["large_segment_size_mb"]
     assert k["knob"] is None and "needs torch >= 2.10" in k["unsupported"]
-    assert "not supported" in " ".join(t.get_text().replace("\n", " ") for ax in allocator.plot_knobs(
-        result("alloc.knobs", {"cap_bytes": 384 * MiB, "knobs": {"large_segment_size_mb": k}})).axes for t in ax.texts)
+    real = lab("alloc.knobs")
+    one = Result(real.experiment, real.params, {"cap_bytes": 384 * MiB, "knobs": {"large_segment_size_mb": k}},
+                 real.provenance, "recorded", 1.0)
+    assert "not supported" in " ".join(t.get_text().replace("\n", " ") for ax in allocator.plot_knobs(one).axes
+                                       for t in ax.texts)
 
 
-def test_graph_pool_claims():
-    holds, m = allocator._claim_order_matters(graph_data(574, 194))
-    assert holds and m["ratio"] == pytest.approx(574 / 194)
-    assert not allocator._claim_order_matters(graph_data(250, 194))[0]
-    holds, m = allocator._claim_expandable_order_free(graph_data(202, 204, True))
-    assert holds and m["relative difference"] == pytest.approx(2 / 204)
-    assert not allocator._claim_expandable_order_free(graph_data(240, 202, True))[0]
+def test_graph_capture_ops_follow_the_mlp():
+    ops, ends = allocator.graph_capture_ops([256, 512], 4096, order="decreasing")
+    assert len(ends) == 2 and ends[-1] == len(ops) - 1
+    assert ops[0] == ("alloc", "g0_matmul", 512 * 2 * 4096 * 2)     # the 512 batch first: B × 2·hidden × 2 B
+    live, peak = 0, 0
+    sizes = {}
+    for op in ops[: ends[0] + 1]:
+        if op[0] == "alloc":
+            sizes[op[1]] = op[2]
+            live += op[2]
+        else:
+            live -= sizes[op[1]]
+        peak = max(peak, live)
+    assert peak == 2 * 512 * 2 * 4096 * 2 and live == 0                # two activations at once, all freed
+    ops, _ = allocator.graph_capture_ops([256], 4096, autograd=True)
+    alive = [op[1] for op in ops[:5] if op[0] == "alloc"]
+    assert alive == ["g0_matmul", "g0_relu", "g0_mul", "g0_add"]         # relu's output is still alive at the add
+
+
+def test_graph_pools_data_and_the_model(fake_gpu):
+    data = validated("alloc.graph_pools", allocator.graph_pools(expandable=False))
+    assert data["expandable_in_effect"] is False and "_alloc_conf" not in data
+    assert allocator._claim_order_matters(data)[0]
+    pred = allocator.predict_graph_pools(data, expandable=False)
+    assert {v: (o["increasing"][-1] // MiB, o["decreasing"][-1] // MiB) for v, o in pred.items()} == {
+        "no_grad": (384, 128), "autograd": (572, 192)}
+    exp = validated("alloc.graph_pools", allocator.graph_pools(expandable=True))
+    assert exp["expandable_in_effect"] is True and allocator._claim_expandable_order_free(exp)[0]
+    pred = allocator.predict_graph_pools(exp, expandable=True)
+    assert {v: (o["increasing"][-1] // MiB, o["decreasing"][-1] // MiB) for v, o in pred.items()} == {
+        "no_grad": (140, 140), "autograd": (200, 200)}
 
 
 def test_explain_setting_error(monkeypatch):
@@ -336,59 +501,119 @@ def test_explain_setting_error(monkeypatch):
     assert "needs torch >= 2.10" in allocator.explain_setting_error({"large_segment_size_mb": 40})
 
 
-# --------------------------------------------------------------------------- figures and tables
+# --------------------------------------------------------------------------- claims on the lab recording
+
+def test_claim_predicates_reject_data_that_contradicts_them(lab):
+    graphs = lab("alloc.graph_pools", expandable=False).data
+    holds, m = allocator._claim_order_matters(graphs)
+    assert holds and m["ratio"] == pytest.approx(graphs["increasing"]["reserved_growth_bytes"]
+                                                 / graphs["decreasing"]["reserved_growth_bytes"])
+    flat = copy.deepcopy(graphs)
+    flat["increasing"]["reserved_growth_bytes"] = flat["decreasing"]["reserved_growth_bytes"]
+    assert not allocator._claim_order_matters(flat)[0]
+    expandable = lab("alloc.graph_pools", expandable=True).data
+    assert allocator._claim_expandable_order_free(expandable)[0]
+    apart = copy.deepcopy(expandable)
+    apart["increasing"]["reserved_growth_bytes"] = 2 * apart["decreasing"]["reserved_growth_bytes"]
+    assert not allocator._claim_expandable_order_free(apart)[0]
+    not_in_effect = dict(expandable, expandable_in_effect=False)     # the setting did not take
+    assert not allocator._claim_expandable_order_free(not_in_effect)[0]
+    boundary = copy.deepcopy(lab("alloc.pool_boundary").data)
+    assert allocator._claim_pool_boundary(boundary)[0]
+    keep = [i for i, n in enumerate(boundary["sweep"]["sizes_bytes"]) if n > MiB]   # no request at or below 1 MiB
+    for key in ("sizes_bytes", "first_reserved_bytes", "reserved_bytes"):
+        boundary["sweep"][key] = [boundary["sweep"][key][i] for i in keep]
+    holds, m = allocator._claim_pool_boundary(boundary)
+    assert not holds and m["≤ 1 MiB requests after a freed 2 MiB block grew"] is False
+    oom = copy.deepcopy(lab("alloc.fragmentation_oom").data)
+    assert allocator._claim_fragmentation_oom(oom)[0]
+    oom["patterns"]["interleave"]["figures"]["reserved_unallocated_bytes"] = 32 * MiB
+    assert not allocator._claim_fragmentation_oom(oom)[0]
+
+
+def test_claims_table_from_the_lab_recording(lab):
+    table = claims.claims_table(chapter=1)
+    assert [r.id for r in table] == ["alloc.rounding", "alloc.fragmentation_oom", "alloc.order_matters",
+                                     "alloc.expandable_order_free", "alloc.pool_boundary"]
+    assert all(r.holds is True for r in table), [(r.id, r.error, r.measured) for r in table if r.holds is not True]
+    assert all(r.source == allocator.POST_URL for r in table)
+
+
+# --------------------------------------------------------------------------- figures and tables, of the lab recording
 
 def bars(ax):
     return [p for p in ax.patches if isinstance(p, Rectangle)]
 
 
-def test_figures_have_the_expected_artists(fake_gpu):
-    table = result("alloc.request_table", allocator.request_table())
+def test_figures_have_the_expected_artists(lab):
+    table = lab("alloc.request_table")
     fig = allocator.plot_request_table(table)
     assert isinstance(fig, Figure) and len(bars(fig.axes[0])) == 2 * len(allocator.PROBE_SIZES)
     assert any("Recorded on NVIDIA H200" in t.get_text() for t in fig.texts)
 
-    fig = allocator.plot_anatomy(result("alloc.anatomy", allocator.anatomy(100 * MiB + 3, 3), size_bytes=104857603.0))
+    fig = allocator.plot_anatomy(lab("alloc.anatomy", size_bytes=104857603.0, count=3))
     assert len(bars(fig.axes[0])) == 6 and "model predicts exactly" in fig._suptitle.get_text()
 
-    tl = result("alloc.timeline", allocator.timeline(16, False), small_mib=16)
+    tl = lab("alloc.timeline", small_mib=16, expandable=False)
     fig = allocator.plot_timeline(tl)
     assert len(fig.axes) == 2
     labels = [line.get_label() for line in fig.axes[0].lines if not line.get_label().startswith("_")]
     assert labels == ["allocated", "reserved", "reserved, model"]
-    assert "256 MiB reserved" in fig.axes[0].get_title() and "128 MiB reserved" in fig.axes[1].get_title()
+    ends = {o: tl.data["orders"][o]["reserved_bytes"][tl.data["orders"][o]["phase_ends"][2]] // MiB
+            for o in ("small_first", "large_first")}
+    assert f"{ends['small_first']} MiB reserved" in fig.axes[0].get_title()
+    assert f"{ends['large_first']} MiB reserved" in fig.axes[1].get_title()
 
-    oom = result("alloc.fragmentation_oom", allocator.fragmentation_oom(False))
+    oom = lab("alloc.fragmentation_oom", expandable=False)
     fig = allocator.plot_fragmentation_oom(oom, pattern="interleave")
-    assert len(bars(fig.axes[0])) == 22 and len(bars(fig.axes[1])) == 6
-    assert [t.get_text() for t in fig.axes[1].texts] == ["OOM", "OOM", "fits"]
+    segments = oom.data["patterns"]["interleave"]["segments_after"]
+    assert len(bars(fig.axes[0])) == sum(len(s["blocks"]) for s in segments) and len(bars(fig.axes[1])) == 6
+    assert [t.get_text() for t in fig.axes[1].texts] == ["OOM" if oom.data["patterns"][n]["oom"] else "fits"
+                                                        for n in ("shrink", "interleave", "grouped")]
+    legend = fig.axes[1].get_legend()
+    assert legend.get_bbox_to_anchor().y0 < fig.axes[1].get_window_extent().y0   # below the bars, not on them
     with pytest.raises(ValueError, match="pattern must be one of"):
         allocator.plot_fragmentation_oom(oom, pattern="scatter")
 
-    fig = allocator.plot_graph_pools([result("alloc.graph_pools", graph_data(574, 194), expandable=False),
-                                      result("alloc.graph_pools", graph_data(202, 202, True), expandable=True)])
-    assert len(fig.axes[0].lines) == 4 and len(bars(fig.axes[1])) == 4
-    assert [t.get_text() for t in fig.axes[1].texts] == ["574", "194", "202", "202"]
+    graphs = [lab("alloc.graph_pools", expandable=False), lab("alloc.graph_pools", expandable=True)]
+    fig = allocator.plot_graph_pools(graphs)
+    groups = 2 * (1 + ("autograd" in graphs[0].data))
+    assert len(fig.axes[0].lines) == 4 and len(bars(fig.axes[1])) == 2 * groups
+    totals = [f"{g.data[o]['reserved_growth_bytes'] / MiB:.0f}" for o in ("increasing", "decreasing") for g in graphs]
+    assert set(totals) <= {t.get_text() for t in fig.axes[1].texts}
 
-    fig = allocator.plot_pool_boundary(result("alloc.pool_boundary", allocator.pool_boundary(False)))
+    fig = allocator.plot_pool_boundary(lab("alloc.pool_boundary", expandable=False))
     assert any(line.get_xdata()[0] == 1.0 for line in fig.axes[0].lines)   # the 1 MiB line
-    assert "4 → 24 MiB" in fig._suptitle.get_text()
+    s = lab("alloc.pool_boundary").data["small_to_large"]
+    assert f"{s['reserved_before_bytes'] // MiB} → {s['reserved_after_bytes'] // MiB} MiB" in fig._suptitle.get_text()
 
-    fig = allocator.plot_knobs(result("alloc.knobs", allocator.knobs()))
+    fig = allocator.plot_knobs(lab("alloc.knobs"))
     assert len(fig.axes) == 3 and all(len(bars(ax)) == 3 for ax in fig.axes)
     assert [ax.get_title() for ax in fig.axes][0] == "max_split_size_mb:64"
 
 
-def test_tables_render_as_text_and_html(fake_gpu):
-    oom = result("alloc.fragmentation_oom", allocator.fragmentation_oom(False))
+def test_tables_render_as_text_and_html(lab):
+    oom = lab("alloc.fragmentation_oom", expandable=False)
     t = allocator.oom_table(oom)
     assert len(t) == 3 and "out of memory" in str(t) and "<table>" in t._repr_html_()
-    figs = allocator.oom_figures_table(oom, "interleave")
-    assert "reserved by PyTorch but unallocated (cached)" in str(figs) and "176.00 MiB" in str(figs)
+    assert "padding" in t._repr_html_()
+    figs = str(allocator.oom_figures_table(oom, "interleave"))
+    unallocated = oom.data["patterns"]["interleave"]["figures"]["reserved_unallocated_bytes"]
+    assert "reserved by PyTorch but unallocated (cached)" in figs and f"{unallocated / MiB:.2f} MiB" in figs
     assert "fitted" in str(allocator.oom_figures_table(oom, "grouped"))
-    rt = allocator.request_table_html(result("alloc.request_table", allocator.request_table()))
+    text = allocator.oom_message(oom, "interleave", width=80)
+    assert max(len(line) for line in text.splitlines() if "https://" not in line) <= 80
+    assert "https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf" in text
+    assert "fitted" in allocator.oom_message(oom, "grouped")
+    rt = allocator.request_table_html(lab("alloc.request_table"))
     assert len(rt) == 19 and "12 MiB (1 MiB unsplit)" in str(rt)
-    assert "max_split_size_mb:64" in str(allocator.knobs_table(result("alloc.knobs", allocator.knobs())))
+    assert "max_split_size_mb:64" in str(allocator.knobs_table(lab("alloc.knobs")))
+    graphs = [lab("alloc.graph_pools", expandable=False), lab("alloc.graph_pools", expandable=True)]
+    gt = allocator.graph_pools_table(graphs)
+    assert len(gt) == 4 and gt.header[2:] == ["default: pool (MiB)", "default: model (MiB)", "expandable: pool (MiB)",
+                                              "expandable: model (MiB)"]
+    pool = graphs[0].data["increasing"]["pool_reserved_bytes"]
+    assert gt.rows[0][2] == f"{pool / MiB:.0f}" and "outside the shared pool" in gt.caption
 
 
 def test_plot_segments_of_an_own_snapshot():
@@ -397,18 +622,30 @@ def test_plot_segments_of_an_own_snapshot():
     assert isinstance(allocator.plot_segments([]), Figure)
 
 
+def test_panels_build_in_recorded_mode(lab):
+    from experiments import panel
+
+    for exp_id, render in [("alloc.anatomy", allocator.plot_anatomy), ("alloc.timeline", allocator.plot_timeline),
+                           ("alloc.pool_boundary", allocator.plot_pool_boundary),
+                           ("alloc.fragmentation_oom", allocator.plot_fragmentation_oom)]:
+        controls = panel(exp_id, render).children[1].children
+        assert [c.description.split(" ")[0] for c in controls] == [p.name for p in registry.get(exp_id).params]
+    sizes = panel("alloc.anatomy", allocator.plot_anatomy).children[1].children[0]
+    assert option_values(sizes) == sorted(allocator.ANATOMY_SIZES)
+
+
 # --------------------------------------------------------------------------- exercises
 
-def test_check_timeline_prediction(fake_gpu):
+def test_check_timeline_prediction(lab):
     assert allocator.check_timeline_prediction(None, 64).correct is None
     assert allocator.check_timeline_prediction(80, 64).correct is True
     fb = allocator.check_timeline_prediction(128, 80)
     assert fb.correct is False and "20 MiB segments" in fb.message and "16 MiB, not 20" in fb.message
-    measured = result("alloc.timeline", allocator.timeline(8, False), small_mib=8)
+    measured = lab("alloc.timeline", small_mib=8, expandable=False)
     fb = allocator.check_timeline_prediction(80, 64, result=measured)
     assert fb.correct and "the run recorded on NVIDIA H200" in fb.message
     with pytest.raises(ValueError, match="small_mib=8"):
-        allocator.check_timeline_prediction(80, 64, result=result("alloc.timeline", allocator.timeline(16, False)))
+        allocator.check_timeline_prediction(80, 64, result=lab("alloc.timeline", small_mib=16))
 
 
 def test_check_reserved_function():
@@ -454,14 +691,17 @@ def test_check_pool_boundary_choice():
     assert not allocator.check_pool_boundary_choice("e").correct
 
 
-def test_check_oom_reading(fake_gpu):
-    measured = result("alloc.fragmentation_oom", allocator.fragmentation_oom(False))
+def test_check_oom_reading(lab):
+    measured = lab("alloc.fragmentation_oom", expandable=False)
+    unallocated = measured.data["patterns"]["interleave"]["figures"]["reserved_unallocated_bytes"] / MiB
     assert allocator.check_oom_reading(None, "group").correct is None
-    assert allocator.check_oom_reading(176, "group", result=measured).correct
-    fb = allocator.check_oom_reading(240, "expandable_segments", result=measured)
+    assert allocator.check_oom_reading(unallocated, "group", result=measured).correct
+    assert allocator.check_oom_reading(unallocated, "group").correct          # the page's own mode
+    fb = allocator.check_oom_reading(unallocated + 64, "expandable_segments", result=measured)
     assert not fb.correct and "includes the request" in fb.message and "fails too" in fb.message
-    assert "released every whole free segment" in allocator.check_oom_reading(176, "empty_cache", result=measured).message
-    assert not allocator.check_oom_reading(176, "max_split_size_mb:64", result=measured).correct
+    assert "released every whole free segment" in allocator.check_oom_reading(unallocated, "empty_cache",
+                                                                               result=measured).message
+    assert not allocator.check_oom_reading(unallocated, "max_split_size_mb:64", result=measured).correct
 
 
 def test_the_max_split_answer_is_wrong_for_the_model_too():
@@ -485,88 +725,90 @@ def test_try_sequence_without_a_gpu(monkeypatch):
         allocator.try_sequence([("malloc", "a", 1)])
 
 
-# --------------------------------------------------------------------------- recorded mode with a stand-in recording
-
-@pytest.fixture
-def stand_in_recording(fake_gpu, tmp_path, monkeypatch):
-    """Every chapter-1 grid point produced by the model, saved like `record` saves it."""
-    for exp in registry.all_experiments(1):
-        points = []
-        for pt in exp.grid:
-            data = graph_data(574, 194) if exp.id == "alloc.graph_pools" else exp.func(**pt)
-            points.append(store.RecordedPoint(pt, store.to_jsonable(data), 0.1))
-        store.save(exp.id, 1, PROV, points, data_schema=exp.data_schema, root=tmp_path)
-    monkeypatch.setenv("CUDA_MEMLAB_RECORDED_DIR", str(tmp_path))
-    monkeypatch.setenv("CUDA_MEMLAB_MODE", "recorded")
-    return tmp_path
 
 
-def test_panels_build_in_recorded_mode(stand_in_recording):
-    from experiments import panel
-
-    for exp_id, render in [("alloc.anatomy", allocator.plot_anatomy), ("alloc.timeline", allocator.plot_timeline),
-                           ("alloc.pool_boundary", allocator.plot_pool_boundary),
-                           ("alloc.fragmentation_oom", allocator.plot_fragmentation_oom)]:
-        controls = panel(exp_id, render).children[1].children
-        assert [c.description.split(" ")[0] for c in controls] == [p.name for p in registry.get(exp_id).params]
-    sizes = panel("alloc.anatomy", allocator.plot_anatomy).children[1].children[0]
-    assert list(sizes.options) == sorted(allocator.ANATOMY_SIZES)
-
-
-def test_claims_table_with_a_stand_in_recording(stand_in_recording):
-    table = claims.claims_table(chapter=1)
-    assert [r.id for r in table] == ["alloc.rounding", "alloc.fragmentation_oom", "alloc.order_matters",
-                                     "alloc.expandable_order_free", "alloc.pool_boundary"]
-    verdicts = {r.id: r.holds for r in table}
-    assert verdicts["alloc.expandable_order_free"] is False   # the stand-in graph data has no expandable effect
-    assert all(v for k, v in verdicts.items() if k != "alloc.expandable_order_free")
-
-
-# --------------------------------------------------------------------------- the lab recording (after `record`)
+# --------------------------------------------------------------------------- the lab recording itself
 
 RECORDED_POINTS = [(e.id, pt) for e in registry.all_experiments(1) for pt in e.grid]
+PLOTS = {"alloc.request_table": allocator.plot_request_table, "alloc.anatomy": allocator.plot_anatomy,
+         "alloc.timeline": allocator.plot_timeline, "alloc.fragmentation_oom": allocator.plot_fragmentation_oom,
+         "alloc.graph_pools": allocator.plot_graph_pools, "alloc.pool_boundary": allocator.plot_pool_boundary,
+         "alloc.knobs": allocator.plot_knobs}
 
 
 @pytest.mark.parametrize("exp_id, point", RECORDED_POINTS, ids=[f"{e}-{store.params_key(p)}" for e, p in RECORDED_POINTS])
-def test_lab_recording_renders(exp_id, point, monkeypatch):
-    monkeypatch.delenv("CUDA_MEMLAB_RECORDED_DIR", raising=False)
-    r = registry.run(exp_id, mode="recorded", **point)
-    assert r.provenance.gpu_name == "NVIDIA H200"
-    plot = {"alloc.request_table": allocator.plot_request_table, "alloc.anatomy": allocator.plot_anatomy,
-            "alloc.timeline": allocator.plot_timeline, "alloc.fragmentation_oom": allocator.plot_fragmentation_oom,
-            "alloc.graph_pools": allocator.plot_graph_pools, "alloc.pool_boundary": allocator.plot_pool_boundary,
-            "alloc.knobs": allocator.plot_knobs}[exp_id]
-    fig = plot(r)
+def test_lab_recording_renders(exp_id, point, lab):
+    fig = PLOTS[exp_id](lab(exp_id, **point))
     assert isinstance(fig, Figure) and any("Recorded on NVIDIA H200" in t.get_text() for t in fig.texts)
 
 
-def _lab(exp_id, **params):
-    import os
-
-    os.environ.pop("CUDA_MEMLAB_RECORDED_DIR", None)
-    return registry.run(exp_id, mode="recorded", **params).data
-
-
-def test_lab_recording_agrees_with_the_model():
+def test_lab_recording_agrees_with_the_model(lab):
     """The model predicts every recorded allocator number (streams, graphs and drivers aside)."""
-    for p in _lab("alloc.request_table")["probes"]:
+    for p in lab("alloc.request_table").data["probes"]:
         assert (p["block_bytes"], p["segment_bytes"], p["pool"]) == (
             p["predicted"]["block_bytes"], p["predicted"]["segment_bytes"], p["predicted"]["pool"]), p["request_bytes"]
-    for small_mib in (8, 16):
+    for pt in registry.get("alloc.anatomy").grid:
+        assert lab("alloc.anatomy", **pt).data["matches_model"], pt
+    for small_mib in allocator.TIMELINE_SMALL_MIB:
         for expandable in (False, True):
-            for order, o in _lab("alloc.timeline", small_mib=small_mib, expandable=expandable)["orders"].items():
+            for order, o in lab("alloc.timeline", small_mib=small_mib, expandable=expandable).data["orders"].items():
+                assert o["expandable_in_effect"] is expandable, (small_mib, expandable, order)
                 assert o["reserved_bytes"] == o["predicted_reserved_bytes"], (small_mib, expandable, order)
+                assert o["allocated_bytes"] == o["predicted_allocated_bytes"], (small_mib, expandable, order)
     for expandable in (False, True):
-        for name, p in _lab("alloc.fragmentation_oom", expandable=expandable)["patterns"].items():
+        for name, p in lab("alloc.fragmentation_oom", expandable=expandable).data["patterns"].items():
             assert p["oom"] == p["predicted_oom"], (expandable, name)
-        sw = _lab("alloc.pool_boundary", expandable=expandable)["sweep"]
+            assert p["reserved_after_bytes"] == p["predicted_reserved_after_bytes"], (expandable, name)
+        sw = lab("alloc.pool_boundary", expandable=expandable).data["sweep"]
         assert sw["reserved_bytes"] == sw["predicted_reserved_bytes"], expandable
-    for name, k in _lab("alloc.knobs")["knobs"].items():
-        assert k["default"]["reserved_bytes"] == k["predicted"]["default"], name
-        assert k["knob"]["reserved_bytes"] == k["predicted"]["knob"], name
+    for name, k in lab("alloc.knobs").data["knobs"].items():
+        for run in ("default", "knob", "expandable"):
+            assert k[run]["reserved_bytes"] == k["predicted"][run], (name, run)
 
 
-def test_lab_recording_satisfies_every_claim():
+def test_lab_recording_of_graph_pools_agrees_with_the_model(lab):
+    """The shared pool holds what the model says the captures ask for, capture by capture."""
+    for expandable in (False, True):
+        d = lab("alloc.graph_pools", expandable=expandable).data
+        assert d["expandable_in_effect"] is expandable
+        pred = allocator.predict_graph_pools(d, expandable)
+        for variant, orders in allocator._graph_variants(d).items():
+            for order, o in orders.items():
+                assert o["pool_reserved_bytes"] == pred[variant][order][-1], (expandable, variant, order)
+                if o.get("pool_after_each_bytes") is not None:
+                    assert o["pool_after_each_bytes"] == pred[variant][order], (expandable, variant, order)
+                outside = [g - p for g, p in zip(o["growth_after_each_bytes"], pred[variant][order])]
+                assert len(set(outside)) == 1 and 0 <= outside[0] <= 4 * MiB, (expandable, variant, order, outside)
+                assert o["left_after_release_bytes"] <= 4 * MiB
+
+
+def test_lab_recording_shows_the_posts_numbers(lab):
+    """The post's own numbers (seed-posts.md §4.2), as the lab GPU measured them."""
+    t = lab("alloc.timeline", small_mib=16, expandable=False).data["orders"]
+    assert {o: t[o]["reserved_bytes"][t[o]["phase_ends"][2]] // MiB for o in t} == {"small_first": 256,
+                                                                                    "large_first": 128}
+    e = lab("alloc.timeline", small_mib=16, expandable=True).data["orders"]["small_first"]["reserved_bytes"]
+    assert [r // MiB for r in e[:8]] == [20, 40, 60, 80, 80, 100, 120, 140]
+    sw = lab("alloc.pool_boundary").data["sweep"]
+    reserved = dict(zip(sw["sizes_bytes"], sw["reserved_bytes"]))
+    assert (reserved[512 * 1024] // MiB, reserved[2 * MiB] // MiB) == (22, 20)
+
+
+def test_lab_oom_message_reads_back(lab):
+    for expandable in (False, True):
+        for name, p in lab("alloc.fragmentation_oom", expandable=expandable).data["patterns"].items():
+            if not p["oom"]:
+                continue
+            f = parse_oom_message(p["message"])
+            assert f["tried_to_allocate_bytes"] == p["request_bytes"], name
+            assert abs(f["reserved_unallocated_bytes"] - p["reserved_unallocated_at_failure_bytes"]) <= 64 * 1024, name
+            assert abs(f["allowed_bytes"] - allocator.OOM_CAP_MIB * MiB) <= MiB, name
+            if "this process has" in p["message"]:
+                own = re.search(r"this process has ([\d.]+) MiB", p["message"]).group(1)
+                assert f["process_in_use_bytes"] == round(float(own) * MiB), name
+
+
+def test_lab_recording_satisfies_every_claim(lab):
     for c in claims.all_claims(chapter=1):
         r = claims.evaluate(c, mode="recorded")
         assert r.holds is True, f"{c.id}: {r.error or claims.format_measured(r.measured)}"

@@ -9,6 +9,7 @@ are not, on the real runtime.
 from __future__ import annotations
 
 import threading
+import time
 import warnings
 
 import pytest
@@ -162,6 +163,16 @@ def test_wrappers_are_installed_inside_and_removed_after(fake_gpu):
         assert torch.equal(torch.empty(4).copy_(x), x)
     assert _originals() == before
     assert "to" not in torch.Tensor.__dict__, "Tensor.to lives on TensorBase: the wrapper must be deleted, not kept"
+
+
+def test_a_name_bound_before_the_block_keeps_the_unwrapped_function(fake_gpu):
+    """The documented blind spot (the book's warning): ``from torch.cuda import synchronize``
+    binds the original; only a lookup inside the block reaches the wrapper."""
+    early = torch.cuda.synchronize
+    with sd.no_syncs(mode="report"):
+        assert torch.cuda.synchronize is not early
+        assert torch.cuda.synchronize.__memlab_original__ is early
+    assert torch.cuda.synchronize is early
 
 
 def test_explicit_synchronize_is_recorded_even_if_the_real_call_fails(fake_gpu):
@@ -417,6 +428,34 @@ def test_gpu_device_synchronize_is_caught_where_the_debug_mode_is_silent():
     with sd.no_syncs(mode="report") as det:
         torch.cuda.synchronize()  # looked up inside the block: a name bound earlier is a blind spot
     assert [e.kind for e in det.events] == ["device_synchronize"]
+
+
+@pytest.mark.gpu
+def test_gpu_a_synchronize_bound_before_the_block_goes_unreported():
+    """The blind spot the book warns about, on the real runtime: the call waits for the GPU,
+    and neither the detector nor the debug mode reports it. If this starts failing, the
+    detector has learnt to see such calls: update the warning in the chapter."""
+    from torch.cuda import synchronize as bound_early
+
+    from experiments.measure import gpu_sleep
+
+    gpu_sleep(1.0)  # calibrates the sleep kernel (which syncs) before the block
+    bound_early()
+    with sd.no_syncs(mode="report") as det:
+        gpu_sleep(20.0)
+        t0 = time.perf_counter()
+        bound_early()
+        waited_ms = (time.perf_counter() - t0) * 1e3
+    assert waited_ms > 10.0, f"the call should have waited for the queued 20 ms, waited {waited_ms:.2f} ms"
+    assert det.count == 0, det.report()
+
+
+@pytest.mark.gpu
+def test_gpu_the_debug_mode_reports_stream_synchronize():
+    """The chapter says set_sync_debug_mode reports Stream.synchronize() (it goes through the
+    instrumented stream_synchronize), unlike torch.cuda.synchronize() and Event.synchronize()."""
+    assert sd.count_debug_mode_syncs(lambda: torch.cuda.current_stream().synchronize()) == 1, \
+        "the debug mode no longer reports Stream.synchronize(): update the chapter's detector section"
 
 
 @pytest.mark.gpu

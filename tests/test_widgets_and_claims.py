@@ -15,7 +15,8 @@ def test_panel_in_recorded_mode_offers_only_recorded_points(recorded_mode):
     controls = box.children[1].children
     assert len(controls) == 1
     recorded = store.load("core.three_clocks").param_values()["work_ms"]
-    assert list(controls[0].options) == recorded
+    assert [value for _, value in controls[0].options] == recorded
+    assert [label for label, _ in controls[0].options] == ["5", "20", "50"]
     assert controls[0].value == 20.0
     out = box.children[-1]
     assert out.outputs, "the panel shows the default point when it is built"

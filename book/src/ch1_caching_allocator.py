@@ -39,6 +39,7 @@ from experiments import allocator as al
 ex.status()
 
 # %% [markdown]
+# (ch1-blocks)=
 # ## Blocks, segments and pools
 #
 # The allocator works on two levels. A **segment** is one piece of memory obtained from
@@ -81,8 +82,8 @@ al.plot_request_table(table)
 # %% [markdown]
 # Read the table from the top. Anything up to 512 bytes costs 512 bytes, and every small
 # request shares a 2 MiB segment with its neighbours. At 1 MiB + 1 byte the request moves
-# to the large pool and the first segment jumps to 20 MiB; the 19 MiB behind it stays free
-# for the next tensors of that size class. From 10 MiB up a tensor gets a segment of its
+# to the large pool and the first segment jumps to 20 MiB; the almost 19 MiB behind it
+# stays free for the next tensors of that size class. From 10 MiB up a tensor gets a segment of its
 # own, and here the split rule shows: 11 MiB needs a 12 MiB segment, and the 1 MiB left
 # over is too small to split off, so the tensor's block *is* 12 MiB. Up to 1 MiB per
 # large tensor can be lost this way; PyTorch counts it as allocated.
@@ -105,23 +106,26 @@ al.plot_anatomy(ex.run("alloc.anatomy", size_bytes=5242880.0, count=3))
 
 # %% [markdown]
 # Choose other sizes and counts. Three 100 KiB tensors sit side by side in one 2 MiB
-# segment; three 100 MiB tensors get a 102 MiB segment each, with 2 MiB split off the end
-# of each; three 11 MiB tensors get three 12 MiB segments with nothing split off.
+# segment. Three tensors of 100 MiB + 3 bytes get a 102 MiB segment each, with just under
+# 2 MiB split off the end of each. Three 11 MiB tensors get three 12 MiB segments with
+# nothing split off.
 
 # %%
 ex.panel("alloc.anatomy", al.plot_anatomy)
 
 # %% [markdown]
+# (ch1-reserved)=
 # ## Allocated versus reserved
 #
 # `torch.cuda.memory_allocated()` counts the blocks that tensors own.
 # `torch.cuda.memory_reserved()` counts every segment the allocator holds, used or not;
 # it is the memory no other process can have, and the number that decides whether the
 # next `cudaMalloc` fits. Freeing a tensor lowers the first number at once and leaves the
-# second alone. Only `torch.cuda.empty_cache()` returns segments to the driver, and only
-# segments that are **entirely free**.
+# second alone. Short of an out-of-memory error ({ref}`ch1-oom`), only
+# `torch.cuda.empty_cache()` returns segments to the driver, and only segments that are
+# **entirely free**.
 #
-# The post's first experiment uses the same tensors in two orders: eight 16 MiB tensors,
+# The post's experiment on allocation order uses the same tensors in two orders: eight 16 MiB tensors,
 # all freed, then four 32 MiB tensors; and the reverse. **Predict** the reserved memory at
 # the end of each before you look. (Hint: a 16 MiB request is at least 10 MiB, so its
 # segment is exactly 16 MiB.)
@@ -134,14 +138,14 @@ al.plot_timeline(timeline)
 # With the small tensors first, each 16 MiB tensor gets its own 16 MiB segment. Once they
 # are freed, eight free 16 MiB blocks sit in eight separate segments. None of them can
 # hold 32 MiB, and they cannot merge across segment boundaries, so each 32 MiB tensor
-# needs a new segment: 256 MiB reserved for at most 128 MiB of tensors. With the large
-# tensors first, the freed 32 MiB segments are simply split in two by the 16 MiB
-# requests and nothing new is reserved. The final `empty_cache()` brings both back to
-# zero because by then every segment is entirely free. The dotted line is the model,
-# step by step.
+# needs a new segment: the post counts 256 MiB reserved for at most 128 MiB of tensors,
+# and the titles above show what the GPU reserved. With the large tensors first, the
+# freed 32 MiB segments are simply split in two by the 16 MiB requests and nothing new is
+# reserved. The final `empty_cache()` brings both back to zero because by then every
+# segment is entirely free. The dotted line is the model, step by step.
 #
 # Change the settings below: `small_mib=8` gives 8 MiB and 16 MiB tensors, and
-# `expandable` turns on expandable segments (section 4).
+# `expandable` turns on expandable segments ({ref}`ch1-expandable`).
 
 # %%
 ex.panel("alloc.timeline", al.plot_timeline)
@@ -181,6 +185,7 @@ al.plot_timeline(ex.run("alloc.timeline", small_mib=8))
 # ```
 
 # %% [markdown]
+# (ch1-oom)=
 # ## From fragmentation to out-of-memory
 #
 # When no free block fits and a new segment would exceed what the process may use, the
@@ -229,15 +234,17 @@ al.plot_fragmentation_oom(oom, pattern="interleave")
 # Here is the message PyTorch raised for *interleave*, and the figures in it:
 
 # %%
-print(oom["patterns"]["interleave"]["message"])
+print(al.oom_message(oom, "interleave"))
 al.oom_figures_table(oom, "interleave")
 
 # %% [markdown]
 # Two details are worth knowing when you read such a message from your own program.
 # "Tried to allocate" is the size of the **segment** the allocator asked for, not the
-# size of your tensor (for a 3 MiB tensor it says 20 MiB). And "reserved by PyTorch but
-# unallocated" is measured *after* the allocator already released every entirely free
-# segment, so all of it is trapped in segments with live tensors.
+# size of your tensor: for a 3 MiB tensor it says 20 MiB (`CUDACachingAllocator.cpp`
+# prints the allocation size). And "reserved by PyTorch but unallocated" is measured
+# *after* the allocator already released every entirely free segment, so all of it is
+# trapped in segments with live tensors. The driver also lists the other processes on the
+# GPU: in the lab's run, the recording process itself.
 # `al.parse_oom_message(str(err))` turns any such message into numbers.
 #
 # ```{exercise} Read the out-of-memory error
@@ -250,21 +257,22 @@ al.oom_figures_table(oom, "interleave")
 # ```
 
 # %%
-print(al.OOM_FIXES)
+for key, fix in al.OOM_FIXES.items():
+    print(f"{key:>21}: {fix}")
 al.check_oom_reading(None, None)  # (MiB, key of al.OOM_FIXES)
 
 # %% [markdown]
 # ```{solution} ex-alloc-oom-reading
 # :class: dropdown
 #
-# The message's last figure, **about 176 MiB** on the lab GPU: eleven free 16 MiB blocks,
-# each next to a live tensor. The fix is **`"group"`**: allocate the long-lived tensors
-# together, so that the temporaries fill whole segments that can be released (the
-# *grouped* row of the table). `empty_cache()` cannot help, because the allocator already
-# released every entirely free segment before raising. `max_split_size_mb:64` only
-# protects cached blocks of 64 MiB or more from being split. And expandable segments do
-# not help either: the section on them below shows the same request failing, because
-# every free block still lies between two live ones.
+# The message's last figure: eleven free 16 MiB blocks, each next to a live tensor, make
+# **176 MiB**, and that is the figure in the message. The fix is **`"group"`**: allocate
+# the long-lived tensors together, so that the temporaries fill whole segments that can
+# be released (the *grouped* row of the table). `empty_cache()` cannot help, because the
+# allocator already released every entirely free segment before raising.
+# `max_split_size_mb:64` only protects cached blocks of 64 MiB or more from being split.
+# And expandable segments do not help either: {ref}`ch1-limits` shows the same request
+# failing with them, because every free block still lies between two live ones.
 # ```
 #
 # ```{exercise} A fragmentation index
@@ -301,34 +309,38 @@ al.check_frag_index(None)  # replace None with frag_index
 # :::
 
 # %% [markdown]
+# (ch1-expandable)=
 # ## Expandable segments
 #
 # With `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` the allocator stops calling
 # `cudaMalloc` for each segment. It uses CUDA's virtual memory API instead: it reserves a
-# huge range of *addresses* (about 1.125 times the GPU's memory, which costs nothing),
-# and maps physical memory into it page by page as it grows, 2 MiB pages for the small
-# pool and 20 MiB pages for the large pool. There is one such growing segment per pool
-# and stream. Because everything lives in one address range, freed blocks can always merge
-# with their neighbours, and freeing everything leaves one free block covering every
-# mapped page.
+# huge range of *addresses* (about 1.125 times the GPU's memory, which costs nothing; the
+# factor is in `CUDACachingAllocator.cpp`), and maps physical memory into it page by page
+# as it grows, 2 MiB pages for the small pool and 20 MiB pages for the large pool. There
+# is one such growing segment per pool and stream. Because everything lives in one
+# address range, freed blocks can always merge with their neighbours, and freeing
+# everything leaves one free block covering every mapped page.
 #
 # The setting is read once, when CUDA starts, so the experiments run it in a fresh
-# process. Here is the timeline of section 2 with expandable segments:
+# process. Here is the timeline of {ref}`ch1-reserved` with expandable segments:
 
 # %%
-al.plot_timeline(ex.run("alloc.timeline", expandable=True))
+timeline_expandable = ex.run("alloc.timeline", expandable=True)
+steps = timeline_expandable["orders"]["small_first"]["reserved_bytes"][:8]
+print("reserved after each 16 MiB tensor (MiB):", [s // al.MiB for s in steps])
+al.plot_timeline(timeline_expandable)
 
 # %% [markdown]
-# Reserved memory now grows in 20 MiB steps: 20, 40, 60, 80, 80 (the fifth 16 MiB tensor
-# fits in the free ends of the pages already mapped), 100, 120, 140. The eight tensors use
-# 128 MiB of 140 MiB mapped. After they are freed, the four 32 MiB tensors fit in the same
-# 140 MiB without mapping anything, and the reverse order ends at the same 140 MiB. The
-# order stopped mattering, at the price of up to one page of rounding per pool and
-# stream.
+# Reserved memory now grows in 20 MiB pages, not per tensor. The post traces the same
+# steps, 20, 40, 60, 80, 80, 100, 120 and 140 MiB: the fifth tensor fits in the free ends
+# of the pages already mapped. After the tensors are freed, the four 32 MiB tensors fit in
+# the mapped pages without mapping anything, and the reverse order ends at the same
+# total. The order stopped mattering, at the price of up to one page of rounding per pool
+# and stream.
 #
-# The *shrink* pattern of section 3, which ran out of memory with default settings, now
-# fits: the 24 MiB tensors are packed end to end in the one segment, and the memory they
-# do not use is a single free run at its end instead of eleven 8 MiB tails.
+# The *shrink* pattern of {ref}`ch1-oom`, which ran out of memory with default settings,
+# now fits: the 24 MiB tensors are packed end to end in the one segment, and the memory
+# they do not use is a single free run at its end instead of eleven 8 MiB tails.
 
 # %%
 oom_expandable = ex.run("alloc.fragmentation_oom", expandable=True)
@@ -349,7 +361,8 @@ def mapped(k, s):
     return None  # your code here
 
 
-al.check_reserved_function(None)  # replace None with mapped; classic: al.check_reserved_function(classic, expandable=False)
+al.check_reserved_function(None)  # replace None with mapped
+# the harder part: al.check_reserved_function(classic, expandable=False)
 
 # %% [markdown]
 # :::{solution} ex-alloc-pages
@@ -386,6 +399,7 @@ al.check_reserved_function(None)  # replace None with mapped; classic: al.check_
 # :::
 
 # %% [markdown]
+# (ch1-graphs)=
 # ## Order matters: CUDA graphs in a shared pool
 #
 # The post's motivating case comes from LLM serving. A server captures one CUDA graph per
@@ -398,21 +412,24 @@ al.check_reserved_function(None)  # replace None with mapped; classic: al.check_
 # largest graph. See [CUDA graphs](https://docs.pytorch.org/docs/stable/notes/cuda.html#cuda-graphs)
 # in the PyTorch notes.
 #
-# Whether that works depends on the capture order. The experiment captures the post's toy
-# MLP, `(relu(x @ W1) * 0.5 + 1.0) @ W2` with hidden size 4096 in float16, for eight
-# batch sizes from 256 to 4096, into one shared pool on one capture stream, freeing each
-# output after its capture; once smallest batch first and once largest first, without and
-# with expandable segments. Each setting runs in a fresh process. **Predict** which order
+# Whether that works depends on the capture order. The experiment takes the toy model of
+# our own lab notes (a first run on the lab's H200 while this book was planned), an MLP
+# `(relu(x @ W1) * 0.5 + 1.0) @ W2` with hidden size 4096 (W1 is 4096 × 8192) in float16.
+# It captures one graph for each of eight batch sizes from 256 to 4096 into one shared
+# pool on one capture stream, freeing each output after its capture: once smallest batch
+# first and once largest first, without and with expandable segments. A server captures
+# without autograd, so the captures run under `torch.no_grad()`. **Predict** which order
 # is the expensive one, and by how much.
 
 # %%
-graphs = [ex.run("alloc.graph_pools", expandable=False), ex.run("alloc.graph_pools", expandable=True)]
+graphs = [ex.run("alloc.graph_pools", expandable=e) for e in (False, True)]
+for r in graphs:
+    inc, dec = (r[o]["reserved_growth_bytes"] / al.MiB for o in al.GRAPH_ORDERS)
+    setting = "expandable segments" if r.params["expandable"] else "default settings"
+    print(f"{setting}: smallest batch first {inc:.0f} MiB, largest first {dec:.0f} MiB")
 al.plot_graph_pools(graphs)
 
 # %% [markdown]
-# The lab H200 measured 574 MiB for the increasing order against 194 MiB for the
-# decreasing one without expandable segments, and about 202 MiB for both orders with them.
-#
 # Small batch first, each capture's activations get segments sized for that batch. The
 # next, larger batch cannot fit into them and cannot merge them, so it adds bigger
 # segments, and the pool ends up holding segments sized for every batch at once. Largest
@@ -423,20 +440,46 @@ al.plot_graph_pools(graphs)
 # back into one free run, and the pool's size is set by the largest graph alone, plus at
 # most a page of rounding.
 #
-# For your own server: capture in decreasing batch order, or set
-# `expandable_segments:True` before CUDA starts, and measure `torch.cuda.memory_reserved()`
-# before and after capturing.
+# **What stays alive during a capture.** Those lab notes report larger pools for the same
+# MLP in bfloat16: 574 MiB smallest batch first against 194 MiB largest first, and 202 MiB
+# for both orders with expandable segments. The element size is not the reason, since
+# bfloat16 and float16 both take 2 bytes. What differs is how many activations are alive
+# at once. Under `no_grad`, each operator's output is freed as soon as the next operator
+# has read it, so a capture never holds more than two activations of B × 8192 elements:
+# 2 × 64 MiB at B = 4096. When the weights require grad (as `nn.Linear`'s do) and grad
+# mode is on, autograd keeps relu's output and the input of the last matmul for a
+# backward pass, until the output is freed: three activations at once. The experiment
+# also captures that way. Fed with the requests of each capture, this chapter's model
+# predicts both sets of numbers, and the table puts the pool the GPU measured next to it:
+
+# %%
+al.graph_pools_table(graphs)
+
+# %% [markdown]
+# Add the memory that the captures hold outside the shared pool (the table's note) to the
+# model's autograd rows, and you get the lab notes' 574, 194 and 202 MiB. Order matters
+# either way; what autograd keeps alive makes every capture larger.
 #
+# For your own server: capture in decreasing batch order, or set
+# `expandable_segments:True` before CUDA starts; capture under `torch.no_grad()`; and
+# measure `torch.cuda.memory_reserved()` before and after capturing.
+
+# %% [markdown]
+# (ch1-limits)=
 # ## Where expandable segments do not help
 #
 # **Live blocks between free ones.** Expandable segments let free neighbours merge, but a
 # live tensor between two free blocks still keeps them apart. The *interleave* pattern
 # with expandable segments fails just like before: every free 16 MiB block sits between
 # two live tensors, so no free run reaches 64 MiB. The allocator can only unmap pages that
-# lie entirely inside a free block; a 20 MiB page never fits inside a 16 MiB hole, so
-# almost nothing can be given back to make room under the cap.
+# lie entirely inside a free block, and a 20 MiB page never fits inside a 16 MiB hole
+# between two live tensors: only the free run at the end of the segment can go back.
 
 # %%
+p = oom_expandable["patterns"]["interleave"]
+before, after = p["reserved_before_request_bytes"], p["reserved_after_bytes"]
+print(f"reserved before the 64 MiB request: {before / al.MiB:.0f} MiB, "
+      f"at the failure: {after / al.MiB:.0f} MiB")
 al.plot_fragmentation_oom(oom_expandable, pattern="interleave")
 
 # %% [markdown]
@@ -463,9 +506,10 @@ ex.panel("alloc.pool_boundary", al.plot_pool_boundary)
 
 # %% [markdown]
 # Shrinking a tensor can therefore *raise* reserved memory, when it moves it below the
-# line: 2 MiB then 0.5 MiB costs 22 MiB, while 2 MiB then 2 MiB costs 20. In a shared graph
-# pool, a tensor that is 1.5 MiB at one batch size and 0.75 MiB at another lands in
-# different pools, and the sharing is lost for it.
+# line: the post's example is 2 MiB then 0.5 MiB, which costs 22 MiB, while 2 MiB then
+# 2 MiB costs 20 (the left panel measures both). As the post points out, this defeats a
+# shared graph pool too: a tensor that is 1.5 MiB at one batch size and 0.75 MiB at
+# another lands in different pools, and the sharing is lost for it.
 #
 # ```{exercise} Why 22 MiB?
 # :label: ex-alloc-22
@@ -491,12 +535,13 @@ al.check_pool_boundary_choice(None)  # "a", "b", "c" or "d"
 # ```
 
 # %% [markdown]
+# (ch1-knobs)=
 # ## The knobs
 #
 # `PYTORCH_CUDA_ALLOC_CONF` (from torch 2.9 also `PYTORCH_ALLOC_CONF`) accepts more
-# settings than `expandable_segments`. Each is read when CUDA starts, so each run below is
-# a fresh process, capped at 384 MiB, with a workload chosen to show what the setting
-# changes ([reference](https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)):
+# settings than `expandable_segments`. Each is read when CUDA starts, so each setting below
+# runs in a fresh process, capped at 384 MiB, with a workload chosen to show what the
+# setting changes ([reference](https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)):
 #
 # `max_split_size_mb:64`
 # : cached blocks of 64 MiB or more are never split, and smaller requests never take
@@ -523,22 +568,26 @@ al.knobs_table(knobs)
 # %% [markdown]
 # Each knob fixes its own workload, and expandable segments fix two of the three on their
 # own: they are what PyTorch's out-of-memory message suggests first. The garbage
-# collection case is different in kind. Expandable segments keep the freed 300 MiB mapped
-# and serve the 40 MiB request from it; the threshold returns the memory to the driver,
-# which matters when another process on the same GPU needs it. Reach for
+# collection case is different in kind (the table's last row). Expandable segments keep
+# the ten freed tensors' memory mapped and serve the 40 MiB request from it; the threshold
+# returns that memory to the driver, which matters when another process on the same GPU
+# needs it. Reach for
 # `max_split_size_mb` last: blocks that cannot be split mean more `cudaMalloc` and
 # `cudaFree` calls, and `cudaFree` waits for the device, which is why PyTorch stopped
 # recommending it first ([pytorch#113481](https://github.com/pytorch/pytorch/pull/113481)).
 #
 # Settings also change between releases. `large_segment_size_mb` (the 20 MiB segment
-# size) appeared in torch 2.10, and an older torch refuses it. The experiments check each
-# setting against the installed torch first and say so, instead of failing:
+# size) is recent: torch 2.11 has it, the 2.9.1 wheel does not, and an older torch refuses
+# it. The experiments check each setting against the installed torch first and say so,
+# instead of failing:
 
 # %%
-print(al.explain_setting_error({"large_segment_size_mb": 40}) or "large_segment_size_mb: supported by this torch")
+print(al.explain_setting_error({"large_segment_size_mb": 40})
+      or "large_segment_size_mb: supported by this torch")
 print(al.explain_setting_error({"max_split_size_mb": 8}))
 
 # %% [markdown]
+# (ch1-own)=
 # ## Your own program
 #
 # **Look at the segments.** PyTorch can record every allocation with a stack trace and
@@ -560,9 +609,10 @@ print(al.explain_setting_error({"max_split_size_mb": 8}))
 # To draw the same layout here, or to compute its fragmentation index:
 #
 # ```python
-# segments = al.parse_segments(al.load_snapshot("my_snapshot.pickle"))  # or torch.cuda.memory._snapshot()
+# segments = al.parse_segments(al.load_snapshot("my_snapshot.pickle"))
+# # or, inside the running program: al.parse_segments(torch.cuda.memory._snapshot())
 # al.plot_segments(segments)
-# al.layout_summary(segments)   # reserved, allocated, free, largest free block, fragmentation
+# al.layout_summary(segments)  # reserved, allocated, free, largest free block, fragmentation
 # ```
 #
 # **Read an out-of-memory error.** Catch it and parse it:
@@ -582,6 +632,7 @@ print(run["note"])
 al.plot_sequence(run, title="2 MiB, free, then 512 KiB")
 
 # %% [markdown]
+# (ch1-claims)=
 # ## The post's claims, checked
 #
 # Each claim below is evaluated on the measurements of this chapter: live on your GPU, or

@@ -35,11 +35,11 @@ ex.status()
 # %% [markdown]
 # ## The one rule that matters here
 #
-# The caching allocator (chapter 1) keeps freed blocks and hands them out again without
-# asking the driver. Each block remembers the stream that was current when it was
-# allocated, and a freed block goes back to **that stream's** free list only. The next
-# request of a fitting size on that stream gets it at once, even if the GPU has not yet
-# run the kernels that used it.
+# The caching allocator ([chapter 1](ch1_caching_allocator.ipynb)) keeps freed blocks
+# and hands them out again without asking the driver. Each block remembers the stream
+# that was current when it was allocated, and a freed block goes back to **that
+# stream's** free list only. The next request of a fitting size on that stream gets it
+# at once, even if the GPU has not yet run the kernels that used it.
 #
 # On a single stream this is safe, and it is the reason the allocator is fast. Kernels on
 # one stream run in the order they were queued. Every kernel that touched the old tensor
@@ -73,12 +73,12 @@ ex.status()
 #     release(buf, done)                           # one of the four strategies
 # ```
 #
-# The "compute" is a calibrated `torch.cuda._sleep` (see *How this book measures*), so
-# the race depends on milliseconds, not on how fast a particular GPU multiplies
-# matrices. Each read writes its row sums into a preallocated output, so reading
-# allocates nothing. Row sums are exact in fp32, and a later layer always writes a
-# larger value, so a layer read the right data exactly when every row sums to
-# 1024 · *k*.
+# The "compute" is a calibrated `torch.cuda._sleep` (see
+# [How this book measures](measuring.ipynb)), so the race depends on milliseconds, not
+# on how fast a particular GPU multiplies matrices. Each read writes its row sums into
+# a preallocated output, so reading allocates nothing. Row sums are exact in fp32, and a
+# later layer always writes a larger value, so a layer read the right data exactly when
+# every row sums to 1024 · *k*.
 #
 # The four strategies differ only in `release`:
 #
@@ -106,9 +106,9 @@ ex.status()
 # :label: ex-streams-blocks
 #
 # Take 4 layers of 64 MiB, a producer that needs 0.5 ms per layer and a consumer that
-# needs 2 ms per layer. The host queues all four layers in well under a millisecond.
-# How many **distinct memory blocks** (different `data_ptr()` values) does each strategy
-# use in one run? The event handoff keeps *N* = 1 buffer in flight.
+# needs 2 ms per layer. The host queues a layer in a fraction of the time the GPU needs
+# for it. How many **distinct memory blocks** (different `data_ptr()` values) does each
+# strategy use in one run? The event handoff keeps *N* = 1 buffer in flight.
 #
 # Write your four numbers into the next cell *before* you run the measurement below.
 # The check reads the measurement (or runs it on your GPU).
@@ -125,8 +125,9 @@ ex.status()
 # allocation reuses it safely.
 #
 # `record_stream`: **4**. A parked block comes back only when a *later allocation* polls
-# its event and finds it complete. All four allocations happen within a fraction of a
-# millisecond, long before the first consumer finishes, so every layer gets a new block.
+# its event and finds it complete. The first consumer cannot finish before 0.5 + 2 ms
+# into the run, and the host has made all four allocations by then, so every layer gets
+# a new block.
 #
 # Event handoff: **2**. The kept buffer plus the one being filled. The same two blocks
 # alternate.
@@ -134,7 +135,7 @@ ex.status()
 
 # %%
 my_blocks = {"unprotected": None, "stall": None, "record_stream": None, "event": None}
-streams.check_block_predictions(None)  # replace None with my_blocks once you have filled it in
+streams.check_block_predictions(None)  # then pass my_blocks instead of None
 
 # %% [markdown]
 # ## The race, measured
@@ -150,45 +151,72 @@ race = ex.run("streams.strategies")
 streams.plot_strategies(race)
 
 # %% [markdown]
-# The values each layer's consumer actually read tell the story better than any
-# summary:
+# The same measurement as a table, with the value each layer's consumer read (layer *k*
+# should read *k*):
 
 # %%
-for name in streams.STRATEGIES:
-    r = race["results"][name]
-    values = ", ".join(f"{v:.3g}" for v in r["read_mean"])
-    print(f"{name:>13}: {r['corrupted_trials']:2d}/{r['trials']} trials corrupted, "
-          f"{r['distinct_blocks']} block(s), layers read [{values}]")
+print(streams.strategies_table(race))
 
 # %% [markdown]
-# Without protection, layer 1's consumer is still computing when the producer has
-# already filled layers 2, 3 and 4 into *the same block*, so it reads the last layer's
-# values. The post saw the same failure in 50 of 50 trials on an H100. The three fixes
+# Without protection, the first consumer is still computing when the producer has
+# already filled later layers into *the same block*, so it reads a later layer's values.
+# The post reports the same failure on an H100, in 50 of 50 trials. The three fixes
 # read the right values every time, and they pay for it in different currencies:
 #
 # - the **stall** uses one block, but the producer can no longer prepare the next layer
-#   while the consumer computes: the overlap bar drops to zero and the GPU time rises
-#   toward the dashed line (no overlap at all);
+#   while the consumer computes. Its overlap is zero, and its GPU span reaches the
+#   dashed line, the time with no overlap at all (on the lab GPU a little beyond it: the
+#   GPU also idles while the host wakes up from each wait). It loses the producer work
+#   that the other strategies hide behind the consumer, all but the first layer's;
 # - **`record_stream`** keeps the overlap but uses one block per layer. Look at its
 #   bars: the *active* and *reserved* peaks hold every layer's buffer, while the
 #   *allocated* peak shows just one;
 # - the **event handoff** keeps the overlap with exactly two blocks.
-#
-# The race depends on timing. Make the consumer faster and it may vanish, which is why
-# a passing test proves little. In recorded mode the controls offer the points
-# measured on the lab GPU; on your own GPU you can set any value and press *Run*.
+
+# %%
+stall, event = race["results"]["stall"], race["results"]["event"]
+extra_ms = stall["span_ms"] - event["span_ms"]
+hidden_ms = (race["layers"] - 1) * race.params["producer_ms"]
+print(f"the stall needs {extra_ms:.1f} ms more GPU time than the event handoff;\n"
+      f"the producer work that the others hide: {hidden_ms:g} ms")
+
+# %% [markdown]
+# The race depends on timing. Change the consumer's compute time and watch the first
+# panel. In recorded mode the controls offer the points measured on the lab GPU; on
+# your own GPU you can set any value and press *Run*.
 
 # %%
 ex.panel("streams.strategies", streams.plot_strategies, params=["consumer_ms", "layers"])
 
 # %% [markdown]
-# With no compute on the consumer, the read finishes long before the next fill
-# reaches the block, and the unprotected pipeline looks correct. At 0.5 ms the consumer
-# is exactly as slow as the producer, and the outcome can change from run to run. The
-# code is equally wrong in all three cases. Public bug reports tell the same story:
-# stream races that disappear under `CUDA_LAUNCH_BLOCKING=1`, or appear only with
-# another allocator backend (for example
-# [sgl-project/sglang#34076](https://github.com/sgl-project/sglang/pull/34076)).
+# The unprotected strategy at the three recorded compute times (4 layers):
+
+# %%
+lines = []
+for consumer_ms in (0.0, 0.5, 2.0):
+    u = ex.run("streams.strategies", consumer_ms=consumer_ms)["results"]["unprotected"]
+    bad, read = u["corrupted_trials"], ", ".join(f"{v:g}" for v in u["read_mean"])
+    lines.append(f"consumer {consumer_ms:>3g} ms: {bad:2d} of {u['trials']} trials "
+                 f"corrupted, layers read {read}")
+print("\n".join(lines))
+
+# %% [markdown]
+# With no compute on the consumer, each read runs right after its fill, long before the
+# producer's next fill 0.5 ms later, and every layer reads its own values. At 0.5 ms the
+# consumer needs exactly as long as the producer, which looks like a coin toss. On the
+# lab GPU the producer won every trial, and each layer but the last read the *next*
+# layer's values. The likely reason: the producer starts its next step the moment the
+# fill ends, on its own stream, while the consumer starts only once it has seen the
+# fill's event, microseconds later. With 2 ms of compute the producer is far ahead, and
+# the first layer reads the last one's values.
+#
+# The code is equally wrong at all three points; the timing alone decides whether it
+# shows. That is why a passing test proves little. Public bug reports tell the same
+# story: a stream race in TensorRT-LLM that went away under `CUDA_LAUNCH_BLOCKING=1`
+# ([NVIDIA/TensorRT-LLM#15265](https://github.com/NVIDIA/TensorRT-LLM/pull/15265)), and
+# one in SGLang that its report saw in 0 of 40 runs with the default allocator settings
+# but in 19 of 20 with `expandable_segments:True`
+# ([sgl-project/sglang#34076](https://github.com/sgl-project/sglang/pull/34076)).
 
 # %% [markdown]
 # ## Watching the streams
@@ -223,6 +251,9 @@ ex.panel("streams.timeline", streams.plot_timeline, params=["strategy"])
 #   consumer's instead of beside it;
 # - *record_stream*: every layer has its own colour, with one block per layer, and
 #   the streams overlap as in the event handoff.
+
+# %% [markdown]
+# (ch2-runahead)=
 
 # %% [markdown]
 # ## `record_stream` ties memory to CPU run-ahead
@@ -274,25 +305,34 @@ streams.check_peak_prediction(my_peak_mib)
 sweep = ex.run("streams.runahead")
 streams.plot_runahead(sweep)
 
+# %%
+print(streams.runahead_table(sweep))
+
 # %% [markdown]
-# With `record_stream` the peak climbs from one buffer to all 32 as the GPU work per
-# layer grows. On the right it falls back as the host slows down: once the host spends
-# longer per layer than the GPU, every event has completed by the next allocation and
-# one block is reused. **The program is the same at every point. Only the relative
-# speed of CPU and GPU changes.** The event handoff's line stays flat at two buffers
-# everywhere, because its memory is set by the code, not by a race between the host
-# and the GPU.
+# With `record_stream`, blocks pile up as soon as the GPU needs longer per layer than
+# the host. A quarter of a millisecond of GPU work per layer already parks a large
+# share of the layers, because the host queues a layer in less time than that; with
+# 10 ms per layer every layer's buffer is parked. On the right the peak falls back as
+# the host slows down. Once the host spends longer per layer than the GPU (20 ms against
+# 10), every event has completed by the next allocation and one block is reused. There
+# `record_stream` even needs less memory than the event handoff, whose second buffer
+# pays for an overlap that a loop held back by its host cannot use. **The program is
+# the same at every point. Only the relative speed of CPU and GPU changes.** The event
+# handoff's line stays flat at two buffers everywhere, because its memory is set by the
+# code, not by a race between the host and the GPU.
 #
 # Measuring the same thing in a real job is hard: CPU speed, logging, a data loader
-# thread, or removing a hidden synchronisation (chapter 4) all change the run-ahead, and
-# with it `record_stream`'s peak. FSDP1 frees its gathered parameters with
-# `record_stream`, and therefore needs `limit_all_gathers=True`, a host-side throttle
-# that blocks the CPU so that no more than two layers' parameters exist at once.
+# thread, or removing a hidden synchronisation ([chapter 4](ch4_hidden_syncs.ipynb)) all
+# change the run-ahead, and with it `record_stream`'s peak. The post points out that
+# FSDP1 frees its gathered parameters with `record_stream`, and therefore needs
+# `limit_all_gathers=True`: a host-side throttle that blocks the CPU so that the
+# gathered parameters of at most two FSDP units exist at once.
 #
 # Explore a single run. Choose the strategy, the GPU work per layer and the host delay:
 
 # %%
-ex.panel("streams.pipeline", streams.plot_pipeline, params=["strategy", "consumer_ms", "host_delay_ms"])
+ex.panel("streams.pipeline", streams.plot_pipeline,
+         params=["strategy", "consumer_ms", "host_delay_ms"])
 
 # %% [markdown]
 # ## What `max_memory_allocated()` does not see
@@ -340,6 +380,9 @@ streams.plot_counters(sweep)
 capped = ex.run("streams.memory_cap")
 streams.plot_memory_cap(capped)
 
+# %%
+print(streams.memory_cap_table(capped))
+
 # %% [markdown]
 # ```{exercise} Where does the stall come from?
 # :label: ex-streams-cap
@@ -363,10 +406,18 @@ streams.plot_memory_cap(capped)
 # GPU to finish all queued consumer work, inside what looks like an ordinary
 # `torch.empty`. `num_alloc_retries` counts these episodes. A profiler shows them as a
 # long gap on the CPU thread with no synchronising call in your code.
+#
+# The estimate printed above the exercise fits this explanation: each stall lasts about
+# as long as the consumer work queued behind the blocks that fill the cap. The GPU span
+# hardly changes, because the GPU had that work to do anyway. The host is what loses
+# the time: in a real loop it would have been preparing the next step.
 # ```
 
 # %%
 streams.check_cap_stall(None)  # replace None with "a", "b", "c" or "d"
+
+# %% [markdown]
+# (ch2-handoff)=
 
 # %% [markdown]
 # ## Writing the event handoff
@@ -514,11 +565,15 @@ streams.check_allocation_stream(None)  # replace None with "a", "b", "c" or "d"
 #   never calls `record_stream` on CUDA. It keeps each all-gather result with an event
 #   and makes the copy-in and all-gather streams wait before reuse. For the
 #   reduce-scatter inputs of the backward pass, the post describes an experimental
-#   `set_reduce_scatter_max_input_buffers` that sets the number in flight. Collectives in
-#   `torch.distributed` used to call `record_stream` on their tensors, and with FSDP2
-#   that showed up as memory stacking up
-#   ([pytorch/pytorch#147168](https://github.com/pytorch/pytorch/issues/147168)).
-#   `TORCH_NCCL_AVOID_RECORD_STREAMS=1` makes ProcessGroupNCCL hold references instead.
+#   `set_reduce_scatter_max_input_buffers` that sets the number in flight. In your own
+#   loops, follow the recipe of {ref}`ch2-handoff`.
+# - **Check what your libraries do.** Collectives in `torch.distributed` used to call
+#   `record_stream` on their tensors, and with FSDP2 that showed up as memory stacking
+#   up ([pytorch/pytorch#147168](https://github.com/pytorch/pytorch/issues/147168)):
+#   the pattern of {ref}`ch2-runahead`. The workaround in that issue,
+#   `TORCH_NCCL_AVOID_RECORD_STREAMS=1`, makes ProcessGroupNCCL keep references instead.
+#   Newer releases do so by default and warn that the variable is deprecated
+#   ([pytorch/torchtitan#1088](https://github.com/pytorch/torchtitan/pull/1088)).
 # - **`record_stream` still has uses.** It fits a rare handoff off the hot path, and a
 #   library that returns side-stream tensors to callers who should not have to think
 #   about streams. There, unpredictable reuse is an acceptable price.

@@ -36,6 +36,7 @@ from experiments import pinned
 ex.status()
 
 # %% [markdown]
+# (ch3-bandwidth)=
 # ## What pinning buys: bandwidth
 #
 # A GPU copies host memory with its DMA (direct memory access) engines, which read physical
@@ -52,28 +53,32 @@ ex.status()
 # on PCIe". And at 4 KiB?
 #
 # The experiment copies sizes from 4 KiB to 1 GiB, each timed with CUDA events (median of
-# repeated copies). Bandwidth is in GB/s with 1 GB = 10<sup>9</sup> bytes, the unit link
+# five copies). Bandwidth is in GB/s with 1 GB = 10<sup>9</sup> bytes, the unit link
 # speeds are quoted in; the dashed line is the peak of the GPU's PCIe link as `nvidia-smi`
-# reports it.
+# reports it. The cell after the figure prints the numbers for both directions.
 
 # %%
 bw = ex.run("pinned.bandwidth")
 pinned.plot_bandwidth(bw)
 
 # %%
-ratio = bw["pinned_gbps"][-1] / bw["pageable_gbps"][-1]
-print(f"largest copy: pinned {bw['pinned_gbps'][-1]:.1f} GB/s, pageable {bw['pageable_gbps'][-1]:.1f} GB/s "
-      f"({ratio:.1f}x); smallest copy: pinned {bw['pinned_gbps'][0]:.2f} GB/s")
+bw_dtoh = ex.run("pinned.bandwidth", direction="dtoh")
+print(pinned.bandwidth_summary(bw))
+print(pinned.bandwidth_summary(bw_dtoh))
 
 # %% [markdown]
-# Two things to read off the figure. For large copies pinned memory runs close to the link's
-# peak (real copies reach 80-90 % of it: packet headers and DMA set-up take the rest), while
-# pageable memory is limited by the driver's extra memcpy through its staging buffers. For
-# small copies neither comes close: a copy of a few KiB is dominated by the fixed cost of
-# launching it (microseconds), so batching many small transfers into one large one pays off
-# whatever memory you use.
+# Three things to read off the figure and the lines above. For large copies pinned memory
+# runs close to the link's peak; packet headers and DMA set-up take the rest. Pageable memory
+# stays far below it, at the pace of the driver's extra CPU memcpy through its staging
+# buffers, and on the lab's H200 the gap is wider than the post's "2-3x": compare the ratio
+# printed above. Because that memcpy runs on the host, pageable bandwidth depends on the
+# machine's CPU and memory, and it varies more between machines and runs than pinned
+# bandwidth, which the link sets; measure yours. For small copies neither kind comes close to
+# the link: a copy of a few KiB is dominated by the fixed cost of issuing it (microseconds),
+# so batching many small transfers into one large one pays off whatever memory you use.
 #
-# Device-to-host (DtoH) copies behave the same way; pick the direction here:
+# Device-to-host (DtoH) copies show the same picture (second line), with a smaller gap in the
+# lab's run because pageable DtoH was faster than pageable HtoD. Pick the direction here:
 
 # %%
 ex.panel("pinned.bandwidth", pinned.plot_bandwidth, params=["direction"])
@@ -86,20 +91,22 @@ ex.panel("pinned.bandwidth", pinned.plot_bandwidth, params=["direction"])
 pinned.claim_check("pinned.bandwidth")
 
 # %% [markdown]
+# (ch3-async)=
 # ## Asynchrony: how long does the host wait?
 #
 # Bandwidth is the smaller half of the story. `dst.copy_(src, non_blocking=True)` asks PyTorch
 # to *queue* the copy on the current CUDA stream and return. Whether the call really returns
 # at once depends on the host memory involved:
 #
-# - **pinned, `non_blocking=True`**: the copy is queued like a kernel; the call returns in
-#   microseconds and the DMA runs when the stream gets to it.
+# - **pinned, `non_blocking=True`**: the copy is queued like a kernel; the call returns within
+#   a fraction of a millisecond and the DMA runs when the stream gets to it.
 # - **pageable, `non_blocking=True`**: the driver must stage the data through its own buffers.
 #   It can copy a small source into a staging buffer right away, but a large one needs the
 #   stream to drain first, so the call waits for all the GPU work queued ahead of it. Where
-#   "small" ends depends on the driver: 2-4 MiB on the lab's H200, 64 KB on the GB200 the
+#   "small" ends depends on the driver: the
 #   [post on hidden syncs](https://docs.pytorch.org/devlogs/eager/2026-08-11-hidden-h2d-sync/)
-#   measured.
+#   found it at 64 KB on a GB200; on the lab's H200 it lies higher (see below), and
+#   [chapter 4](ch4_hidden_syncs.ipynb) sweeps the size to find it on your GPU.
 # - **`non_blocking=False`** (the default): PyTorch synchronises with the stream after the copy,
 #   so the host waits for everything queued ahead, pinned or not.
 # - **DtoH into pageable memory** always waits: the data must have arrived before the call
@@ -116,15 +123,27 @@ cp = ex.run("pinned.async_copy")
 pinned.plot_async_copy(cp)
 
 # %% [markdown]
-# Only the pinned, `non_blocking=True` copy left the host free; every other variant cost the
-# host the whole queue of GPU work. That is the real reason to pin: a program whose host is
-# blocked cannot launch the next kernels, prepare the next batch or run ahead of the GPU
-# (chapter 4 is about exactly this). Forgetting to pin does not raise an error; it silently
-# turns an overlapped pipeline into a serial one.
+# Only the pinned, `non_blocking=True` copy left the host free. Every other variant kept the
+# host waiting for the whole queue of GPU work, and the two pageable ones longer still: the
+# host also waited for their slow staged copy. That is the real reason to pin: a program
+# whose host is blocked cannot launch the next kernels, prepare the next batch or run ahead
+# of the GPU ([chapter 4](ch4_hidden_syncs.ipynb) is about exactly this). Forgetting to pin
+# does not raise an error; it silently turns an overlapped pipeline into a serial one.
 #
-# Try a small copy (64 KiB or 2 MiB): on drivers that stage small pageable copies at once,
-# `non_blocking=True` returns early even without pinning, which is why code that "works fine"
-# in a small test can stall at production sizes.
+# Smaller pageable copies can behave differently. The same experiment at three sizes, again
+# with 30 ms of GPU work queued:
+
+# %%
+for kib in (64, 2048, 65536):
+    r = ex.run("pinned.async_copy", size_kib=kib)
+    ms = pinned.host_blocked_ms(r, "pageable", True)
+    print(f"{kib:>5} KiB, pageable, non_blocking=True: host blocked {ms:6.2f} ms")
+
+# %% [markdown]
+# In the lab's run, up to 2 MiB the driver staged the pageable source at once and the call
+# returned early even without pinning; at 64 MiB it waited for the queue. This is why code
+# that "works fine" in a small test can stall at production sizes. The panel shows every
+# recorded size, in both directions (a DtoH copy into pageable memory waited at every size):
 
 # %%
 ex.panel("pinned.async_copy", pinned.plot_async_copy, params=["size_kib", "direction"])
@@ -133,16 +152,17 @@ ex.panel("pinned.async_copy", pinned.plot_async_copy, params=["size_kib", "direc
 pinned.claim_check("pinned.async_returns")
 
 # %% [markdown]
+# (ch3-race)=
 # ## The buffer is not yours yet: the overwrite race
 #
 # A `non_blocking` copy from pinned memory returns before the DMA engine has read a single
 # byte. Until the stream reaches the copy, the host buffer is still part of a pending
 # operation, and nothing stops the host from writing into it. If it does, the GPU copies
 # whatever the memory holds *when the copy runs*: the new values, or a mix. No error is
-# raised, no warning printed. This is a classic bug in loaders that reuse one staging buffer
-# ([pytorch#126946](https://github.com/pytorch/pytorch/issues/126946) is a report of it;
-# maintainers confirmed that the caller must keep the source unmodified until the copy
-# completes).
+# raised, no warning printed. This is a classic bug in loaders that reuse one staging buffer.
+# [pytorch#126946](https://github.com/pytorch/pytorch/issues/126946) reports it for a single
+# host write right after the copy call; the maintainers' answer was that with `non_blocking`
+# the caller must keep the source unmodified until the copy has completed.
 #
 # The experiment fills a pinned buffer with 1.0, queues the copy behind 30 ms of GPU work,
 # queues another 30 ms (the program goes on with its next step), then writes 2.0 into the
@@ -154,7 +174,7 @@ pinned.claim_check("pinned.async_returns")
 # | pageable source | the driver staged the data during the call (for large copies, after draining the stream) |
 # | `torch.cuda.synchronize()` | all work queued on all streams, including the next step |
 # | event recorded after the copy, `.synchronize()` | the stream up to the copy, nothing queued behind it |
-# | write a fresh pinned buffer | nothing: the old buffer is dropped and the allocator keeps it until the copy ran (next section) |
+# | write a fresh pinned buffer | nothing: the old buffer is dropped and the allocator keeps it until the copy ran ({ref}`ch3-del`) |
 #
 # **Predict** which rows have wrong elements, and rank the four guards by cost.
 
@@ -162,19 +182,39 @@ pinned.claim_check("pinned.async_returns")
 race = ex.run("pinned.overwrite_race")
 pinned.plot_overwrite_race(race)
 
+# %%
+print(pinned.guard_costs_text(race))
+
 # %% [markdown]
-# The unguarded row got the new values: the write landed before the DMA read the buffer.
-# Every guard prevented it, at very different prices. `synchronize()` paid for the next
-# step's GPU work as well; the event paid only for the work ahead of the copy; a fresh buffer
-# paid almost nothing, because the waiting moved from the host to the allocator.
+# Without a guard, every element arrived with the new value: the host's write landed before
+# the DMA engine read the buffer. Every guard prevented that, at very different prices:
 #
-# *When the host overwrites* decides the outcome. Move the write later than the copy (60 ms
-# after the call, with 30 ms of work ahead of the copy) and even the unguarded version
-# delivers the old data: the race is a matter of timing, which is what makes it so hard to
+# - the **event** waited only for the GPU work queued ahead of the copy;
+# - **`torch.cuda.synchronize()`** also waited for the next step's work queued behind it,
+#   twice as long here because as much work was queued after the copy as before it;
+# - the **pageable source** cost as much as the event, or a little more: at 16 MiB the driver
+#   drained the stream and then staged the copy (a 1 MiB source it stages at once; try it in
+#   the panel below);
+# - writing into a **fresh pinned buffer** cost about as little as no guard at all, because the
+#   waiting moved from the host to the allocator, which keeps the old block until its copy has
+#   run. Its p90 tells the other half of the story: once, no cached block of that size was
+#   free, and the allocator pinned new memory, which costs milliseconds ({ref}`ch3-costs`).
+#
+# *When the host overwrites* decides the outcome. Here is the unguarded copy again, with the
+# host's write coming later and later:
+
+# %%
+late = [ex.run("pinned.overwrite_race", overwrite_after_ms=ms) for ms in (0.0, 10.0, 60.0)]
+print(pinned.race_timing_text(late))
+
+# %% [markdown]
+# A write 60 ms after the call came after the copy had run, and even the unguarded version
+# delivered the old data: the race is a matter of timing, which is what makes it so hard to
 # find in testing.
 
 # %%
-ex.panel("pinned.overwrite_race", pinned.plot_overwrite_race, params=["size_mib", "overwrite_after_ms"])
+ex.panel("pinned.overwrite_race", pinned.plot_overwrite_race,
+         params=["size_mib", "overwrite_after_ms"])
 
 # %%
 pinned.claim_check("pinned.overwrite_race")
@@ -197,9 +237,9 @@ pinned.claim_check("pinned.overwrite_race")
 # reaches the point just after the copy, so the host waits for the copy and the work queued
 # ahead of it, but not for the compute queued behind it. `torch.cuda.synchronize()` is also
 # safe but waits for everything; `empty_cache()` and `del` protect nothing here; and a pinned
-# source is read when the copy *runs*, not when it is called. Even better than waiting: use
-# two buffers and alternate (see the double-buffering section below), so that the wait
-# usually finds the copy long done.
+# source is read when the copy *runs*, not when it is called. Even better than waiting on
+# every step: use two or more buffers and alternate ({ref}`ch3-ring`), so that the host waits
+# less often.
 # ```
 
 # %%
@@ -209,6 +249,7 @@ answer = None  # your letter, e.g. "a"
 pinned.check_overwrite_guard(answer)
 
 # %% [markdown]
+# (ch3-del)=
 # ## `del` is safe: the host caching allocator guards reuse
 #
 # The race above needed a *live* reference: the host wrote through `buf` while the copy was
@@ -229,7 +270,7 @@ pinned.check_overwrite_guard(answer)
 #
 # So a block's life has three separate moments: the tensor is released (when its refcount hits
 # zero), the block becomes reusable (when its copies have finished), and the memory goes back
-# to the operating system (never, unless you ask; see the next section).
+# to the operating system (never, unless you ask; see {ref}`ch3-costs`).
 #
 # The experiment queues a copy from a pinned source behind 50 ms of GPU work, deletes the
 # source at once and allocates a pinned tensor of the same size, then synchronises and
@@ -239,10 +280,15 @@ pinned.check_overwrite_guard(answer)
 safe = ex.run("pinned.del_is_safe")
 pinned.plot_del_is_safe(safe)
 
+# %%
+print(pinned.del_summary(safe))
+
 # %% [markdown]
-# While the copy was pending the allocator handed out a different block (paying for a fresh
-# pinning), and the device data was intact; once the copy had run, the dropped block came
-# back. The guard covers PyTorch's own copies only. A kernel that reads pinned host memory
+# While the copy was pending, the allocator handed out a different block, and pinning that new
+# block took milliseconds; the device data was intact. Once the copy had run, the dropped
+# block came back from the cache, in a small fraction of that time.
+#
+# The guard covers PyTorch's own copies only. A kernel that reads pinned host memory
 # *directly* (zero-copy access through unified addressing, some custom kernels and
 # communication libraries) records no event, so dropping its buffer early can hand the memory
 # to someone else while the kernel still reads it; such code must keep a reference or record
@@ -252,6 +298,7 @@ pinned.plot_del_is_safe(safe)
 pinned.claim_check("pinned.del_is_safe")
 
 # %% [markdown]
+# (ch3-costs)=
 # ## What pinning costs, and why the allocator keeps everything
 #
 # ### Power-of-two blocks
@@ -259,9 +306,10 @@ pinned.claim_check("pinned.del_is_safe")
 # To make freed blocks easy to reuse, the host caching allocator rounds every request up to
 # the next power of two and keeps one free list per power of two. It never splits a big block
 # to serve a small request, and never merges small ones. A 129.5 MiB request therefore pins
-# 256 MiB. For a data loader's repeating batch shapes this hardly matters; for a 100 GB
-# KV-cache offload buffer it means 128 GB of locked memory, which is why vLLM pins such buffers
-# with `cudaHostRegister` on an ordinary tensor instead (exact size, no caching).
+# 256 MiB (the rightmost bars below). For a data loader's repeating batch shapes this hardly
+# matters. For very large buffers it does: the post points out that a 100 GiB KV-cache
+# offload buffer would lock 128 GiB, which is why vLLM pins such buffers with
+# `cudaHostRegister` on an ordinary tensor instead (exact size, no caching).
 
 # %%
 p2 = ex.run("pinned.pow2_rounding")
@@ -304,7 +352,8 @@ pinned.check_rounding(answer_gib)
 # [`torch.cuda.host_memory_stats()`](https://docs.pytorch.org/docs/stable/generated/torch.cuda.memory.host_memory_stats.html):
 # `allocated_bytes.current` is what the allocator owns (in use plus cached) and
 # `num_host_alloc` / `num_host_free` count the `cudaHostAlloc` / `cudaFreeHost` calls. (Its
-# `active_*` counters missed decrements on torch 2.11, so this chapter does not use them.)
+# `active_*` counters missed decrements in the lab's tests on torch 2.11, so this chapter
+# does not use them.)
 #
 # ```{exercise} Predict the pinned memory the allocator owns
 # :label: ex-pinned-owned
@@ -327,8 +376,9 @@ pinned.check_rounding(answer_gib)
 # that bucket (18 MiB). `e` finds a's 4 MiB block in its bucket and reuses it: no new pinning,
 # still 18 MiB. Deleting everything caches every block, and `torch.cuda.empty_cache()` only
 # releases device memory: 18 MiB. Only the host cache call brings it to 0, with four
-# `cudaFreeHost` calls. (torch 2.4 searched all cached blocks for one large enough, so there
-# `d` took a's 4 MiB block and `e` needed a new one: 20 MiB.)
+# `cudaFreeHost` calls. (Older releases differ. In the torch 2.4 source, which this book read
+# but did not run, a request could take any cached block large enough: there `d` would take
+# a's 4 MiB block and `e` would need a new one, 20 MiB.)
 # ```
 
 # %%
@@ -345,25 +395,28 @@ life = ex.run("pinned.lifecycle")
 pinned.plot_lifecycle(life)
 
 # %% [markdown]
+# The measurement follows the model at every step: `torch.cuda.empty_cache()` left every
+# pinned block owned, and only the host cache call gave the memory back, with one
+# `cudaFreeHost` per block.
+#
 # ### Why cache at all: pinning is slow
 #
 # Pinning fresh memory is not a cheap `malloc`. `cudaHostAlloc` asks the operating system for
-# the pages, touches them, locks them and registers them with the driver: milliseconds for a
-# few MiB, hundreds of milliseconds for a GiB. Reusing a cached block costs microseconds.
-# `tensor.pin_memory()` on an ordinary tensor is a pinned allocation plus a copy, so with a
-# warm cache it costs a memcpy.
+# the pages, touches them, locks them and registers them with the driver. Reusing a cached
+# block is a look-up in a free list. `tensor.pin_memory()` on an ordinary tensor is a pinned
+# allocation plus a copy, so with a warm cache it costs a memcpy. The experiment times all
+# three from 1 MiB to 1 GiB, emptying the host cache before each fresh allocation.
 
 # %%
 cost = ex.run("pinned.pin_cost")
 pinned.plot_pin_cost(cost)
 
 # %%
-fresh_1 = cost["fresh_ms"][-1]["median"]
-cached_1 = cost["cached_ms"][-1]["median"]
-print(f"{cost['sizes_bytes'][-1] / 2**20:.0f} MiB: fresh {fresh_1:.1f} ms, "
-      f"from the cache {cached_1 * 1e3:.0f} µs ({fresh_1 / cached_1:.0f}x)")
+print(pinned.pin_cost_summary(cost))
 
 # %% [markdown]
+# Fresh pinning grows with the size at a roughly fixed price per MiB, while taking a block
+# from the cache costs microseconds at any size: for a GiB, thousands of times less.
 # This is the post's second argument for never giving pinned memory back: a program with a
 # steady state (the same batch shapes every step) that released its pinned buffers would pay
 # this price again on the next step, for nothing. The third argument is about CUDA graphs.
@@ -387,6 +440,7 @@ print(f"{cost['sizes_bytes'][-1] / 2**20:.0f} MiB: fresh {fresh_1:.1f} ms, "
 print(pinned.features_text())
 
 # %% [markdown]
+# (ch3-graphs)=
 # ## CUDA graphs fix host addresses for good
 #
 # A [CUDA graph](https://docs.pytorch.org/docs/stable/notes/cuda.html#cuda-graphs) records a
@@ -396,9 +450,9 @@ print(pinned.features_text())
 #
 # - the buffer must be pinned: a copy involving pageable memory synchronises, and capture
 #   forbids that (PyTorch raises);
-# - the buffer must stay alive, at that address, as long as the graph may be replayed (torch
-#   2.11 and newer enforce this for pinned blocks allocated *during* capture: they are never
-#   recycled);
+# - the buffer must stay alive, at that address, as long as the graph may be replayed (from
+#   torch 2.11 the host allocator enforces this for pinned blocks allocated *during* capture:
+#   it never recycles them);
 # - new data must be written *into* the captured buffer; a new tensor under the same Python
 #   name is invisible to the graph.
 #
@@ -430,7 +484,10 @@ graph = ex.run("pinned.graph_replay")
 pinned.plot_graph_replay(graph)
 
 # %%
-print("capturing a copy from pageable memory:", graph["pageable_capture_error"])
+import textwrap  # noqa: E402
+
+error = graph["pageable_capture_error"]
+print(textwrap.fill(f"Capturing a copy from pageable memory raised: {error}", 88))
 pinned.claim_check("pinned.graph_reads_captured_address")
 
 # %% [markdown]
@@ -454,14 +511,15 @@ pinned.claim_check("pinned.graph_reads_captured_address")
 #     done.record()
 # ```
 #
+# (ch3-ring)=
 # ## Double buffering: a ring of pinned staging buffers
 #
-# The overwrite race was fixed above by waiting. A loader that waits on every batch keeps the host
-# idle while the copy catches up. The standard fix is a **ring** of N pinned staging buffers,
-# each with the event of the copy that last read it. The host fills buffer k while the copies
-# and compute of earlier batches run, and waits only when it comes back around to a buffer
-# whose copy has not run yet. With two or more buffers that wait is usually over before it
-# starts.
+# The overwrite race was fixed above by waiting. A loader that waits on every batch keeps the
+# host idle while the copy catches up. The standard fix is a **ring** of N pinned staging
+# buffers, each with the event of the copy that last read it. The host fills buffer k while
+# the copies and compute of earlier batches run, and waits only when it comes back around to
+# a buffer whose copy has not run yet. The more buffers, the further the host can work ahead
+# before that happens.
 #
 # The experiment runs such a loader: per batch the host works 2 ms (decoding, augmenting),
 # waits on the slot's event, fills the slot; a copy stream copies it to a device buffer; the
@@ -479,13 +537,23 @@ ring_runs = [ex.run("pinned.double_buffer", buffers=n, compute=c)
              for c in ("steady", "bursty") for n in (1, 2, 3, 4)]
 pinned.plot_ring_sweep(ring_runs)
 
+# %%
+print(pinned.ring_summary(ring_runs))
+
 # %% [markdown]
-# With steady work, one buffer is almost as fast as four: the host and the GPU take turns at
-# the same pace. With bursty work, a single buffer makes the host wait for every slow batch
-# and then leaves the GPU idle through the fast ones; each extra buffer lets the host work
-# further ahead during a slow batch, and the time per batch approaches the GPU's mean. Without
-# the wait, every ring size delivered wrong batches as soon as the GPU fell behind: the host
-# came back around to a buffer whose copy had not run. Explore one configuration:
+# With steady work the GPU sets the pace (3 ms of work per batch against about 2 ms of host
+# work), and one buffer already comes within 10 % of four: the host waits a little on every
+# batch, but the GPU is seldom left without its next one. Bursty work is where the ring
+# pays. With a single buffer the host waits for the copy queued behind every slow batch, and
+# the GPU then idles through the three fast ones while the host prepares them one at a time.
+# Each extra buffer lets the host work further ahead during the slow batch, its total wait
+# shrinks, and the time per batch approaches the GPU's mean.
+#
+# Without the wait, the ring is only as safe as its timing. When the GPU started behind,
+# every ring size delivered wrong batches. In the timed run the host, at about 2 ms per batch,
+# slowly pulls ahead of the GPU's 3 ms and comes back around to a buffer whose copy has not
+# run: more buffers put that moment off, and fewer batches arrived wrong, but waiting on the
+# event is the only thing that makes the ring correct. Explore one configuration:
 
 # %%
 ex.panel("pinned.double_buffer", pinned.plot_double_buffer, params=["buffers", "compute"])

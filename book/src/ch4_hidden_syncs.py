@@ -27,10 +27,15 @@
 # - how to keep your code sync-free with a detector and a pytest fixture.
 
 # %%
+import textwrap
+
 import experiments as ex
 from experiments import syncs
 
 ex.status()
+
+# %% [markdown]
+# (ch4-runahead)=
 
 # %% [markdown]
 # ## Run-ahead, and what one sync costs
@@ -51,14 +56,14 @@ ex.status()
 # calibrated sleep kernel and a tiny add into a 0-dim `loss` tensor). It runs three times:
 # without a sync, with `loss.item()` once (after the fourth step), and with `loss.item()`
 # after every step. Host timestamps come from `time.perf_counter()`, GPU timestamps from
-# CUDA events; the two clocks are aligned through one event recorded on an idle GPU, which
-# is accurate to a few microseconds (the figure's data records the bound).
+# CUDA events; the two clocks are aligned through one event recorded on an idle GPU, to
+# within a few tens of microseconds (each variant records the bound, `align_uncertainty_ms`).
 #
 # ```{exercise} Predict the loop's end time
 # :label: ex-syncs-runahead
 #
 # Each step does 1.5 ms of host work and then queues 2 ms of GPU work; there are 8 steps.
-# When does the GPU finish the last step (ms after the loop starts)
+# When does the GPU finish the last step (ms after the loop starts)?
 #
 # 1. without any sync, and
 # 2. with `loss.item()` after every step?
@@ -93,12 +98,11 @@ syncs.run_ahead_table(loop)
 
 # %% [markdown]
 # In the top panel the host (orange) finishes queueing long before the GPU (blue) is done:
-# that gap is the run-ahead. In the middle panel the host waits in `.item()` (red) for
-# several milliseconds, but the GPU lane stays solid during the wait; the only idle time
-# is the grey sliver *after* it, while the host does the next step's Python. The loop ends
-# later by about one step of host work, not by the length of the wait. In the bottom panel
-# every step pays that bubble, and the loop takes the sum of host and GPU time instead of
-# the larger of the two. The table puts the measurements next to a simple queue model
+# that gap is the run-ahead. In the middle panel the host waits in `.item()` (red), but
+# the GPU lane stays solid during the wait; the only idle time is the grey sliver *after*
+# it, while the host does the next step's Python. In the bottom panel every step pays that
+# bubble, and the loop takes the sum of host and GPU time instead of the larger of the
+# two. The table puts the measurements next to a simple queue model
 # (`syncs.predicted_run_ahead_ms`).
 #
 # ```{exercise} What did the sync cost?
@@ -127,6 +131,17 @@ syncs.check_bubble_cost(bubble_answer)
 # kernel: that bubble, about one step of host work here, is what the loop lost.
 # ```
 #
+# The one sync of the middle panel, in numbers:
+
+# %%
+once, none = loop["variants"]["once"], loop["variants"]["none"]
+print(f"the host waited in .item():  {once['host_blocked_ms']:.1f} ms")
+print(f"the loop ended later by:     {once['end_ms'] - none['end_ms']:.1f} ms")
+print(f"one step of host work:       {loop.params['host_ms']:g} ms")
+
+# %% [markdown]
+# The wait is longer than what the loop lost, and the loss is about one step of host work.
+#
 # Change the balance between host and GPU work. With `host_ms` above `gpu_ms` the host is
 # the bottleneck even without syncs and has no lead to lose: a sync then costs one step's
 # GPU time, the kernel the host now waits for instead of overlapping it with its own work.
@@ -135,6 +150,9 @@ syncs.check_bubble_cost(bubble_answer)
 
 # %%
 ex.panel("syncs.run_ahead", syncs.plot_run_ahead)
+
+# %% [markdown]
+# (ch4-catalogue)=
 
 # %% [markdown]
 # ## Where syncs hide: the catalogue
@@ -165,14 +183,15 @@ ex.panel("syncs.run_ahead", syncs.plot_run_ahead)
 # - **debug mode**: the number of warnings from `torch.cuda.set_sync_debug_mode("warn")`
 #   ([docs](https://docs.pytorch.org/docs/stable/generated/torch.cuda.set_sync_debug_mode.html)),
 #   PyTorch's own report of the call sites it knows to synchronize;
-# - **the book's detector** (section 5), which adds what the debug mode misses;
+# - **the book's detector** ({ref}`ch4-detector`), which adds what the debug mode misses;
 # - **host wait**: 20 ms of GPU work is queued first, then only the call is timed on the
-#   host. About 20 ms means it waited for the queue; a few microseconds mean it did not.
+#   host. About 20 ms means it waited for the queue; a fraction of a millisecond means it
+#   did not.
 #   This is the ground truth, and it needs no instrumentation;
 # - **CUDA graph**: can the call be captured in a CUDA graph on a side stream? A graph
 #   cannot contain a host wait, and capture rejects copies from pageable memory, so capture
-#   is a strict sync detector. Each probe runs in a fresh process, so that a failed capture
-#   cannot disturb the others.
+#   is a strict sync detector. The probes run in a separate process, started afresh when a
+#   failed capture leaves CUDA unusable, so that one failure cannot disturb the other rows.
 #
 # ```{exercise} Which of these sync?
 # :label: ex-syncs-classify
@@ -219,27 +238,40 @@ syncs.check_classification(answers)
 # ```
 
 # %%
-cat = ex.run("syncs.catalogue", cache=True)  # live: reuses the run the check above may have made
-syncs.catalogue_table(cat)
-
-# %%
+cat = ex.run("syncs.catalogue", cache=True)  # live: reuses the check's run
 syncs.plot_catalogue(cat)
 
 # %% [markdown]
 # Reading the figure from the top: every red bar reaches the dashed line of queued work,
-# because each of those calls waited for the whole queue; the green ones return in
-# microseconds (the axis is logarithmic). The debug mode and the timing agree on almost
-# every row. The exceptions are two explicit waits, `torch.cuda.synchronize()` and
-# `Event.synchronize()`, which the debug mode does not report at all (it does report
-# `Stream.synchronize()`; section 5), and the copies whose wait the CUDA driver decides
-# rather than PyTorch: a `non_blocking` copy *into* pageable memory, and, above a size
-# threshold, a `non_blocking` copy *from* pageable memory (section 3). Those appear purple:
-# the host waited and nothing was reported. The right-hand column shows that every
-# operation that syncs also fails CUDA-graph capture. Capture is even stricter than a sync
-# check: it also refuses a small pageable copy that did not make the host wait, because
-# the graph would replay it from memory the driver does not guarantee to read in time.
+# because each of those calls waited for the whole queue; the green ones return within a
+# fraction of a millisecond (the axis is logarithmic). The debug mode and the timing agree
+# on almost every row:
+
+# %%
+rows = cat["rows"]
+waited = [r for r in rows if r["blocks"]]
+missed = [r["code"] for r in waited if r["debug_mode_syncs"] == 0]
+print(f"{len(waited)} of {len(rows)} operations made the host wait; "
+      f"the debug mode missed {len(missed)}:")
+print(*missed, sep="\n")
+
+# %% [markdown]
+# The exceptions are explicit waits, `torch.cuda.synchronize()` and `Event.synchronize()`
+# (the debug mode did report `Stream.synchronize()`, see {ref}`ch4-detector`), and copies
+# whose wait the CUDA driver decides rather than PyTorch: a `non_blocking` copy *into*
+# pageable memory and, above a size threshold, a `non_blocking` copy *from* pageable memory
+# ({ref}`ch4-pageable`). Those bars are purple: the host waited and nothing was reported.
+# The right-hand column shows that every operation that syncs also fails CUDA-graph
+# capture. Capture is even stricter than a sync check: it also refuses the small pageable
+# `non_blocking` copy that did not make the host wait, because PyTorch allows no copy
+# between the GPU and unpinned host memory during a capture (the error asks for a pinned
+# tensor), whatever its size.
 #
-# The post's first claim, checked on the measurement above:
+# The table below (click to open) gives the same measurements with the reason behind each
+# row. The post's first claim, checked on the measurement above, follows it.
+
+# %%
+syncs.catalogue_table(cat)
 
 # %%
 syncs.show_claim("syncs.catalogue")
@@ -257,25 +289,30 @@ ex.panel("syncs.catalogue", syncs.plot_catalogue, params=["numel"])
 ex.panel("syncs.queue_probe", syncs.plot_queue_probe)
 
 # %% [markdown]
+# (ch4-pageable)=
+
+# %% [markdown]
 # ## Copies from pageable memory drain the stream
 #
 # Memory that `malloc` or NumPy gives you is *pageable*: the operating system may move or
 # swap its pages, so the GPU's copy engine cannot simply read it by physical address. For a
 # host-to-device copy from such memory the driver has two strategies, and the choice is
 # not documented (the driver is closed source; what follows is the post's reading of
-# experiments on a GB200). Small copies it stages itself, capturing the bytes at call time, and the
-# host returns at once. Larger ones it performs as a DMA that reads the source through the
-# GPU's MMU; before that it **drains the destination stream**, because a kernel already in
-# the queue might still be using the buffer the copy overwrites. On top of that, a blocking
-# `.to("cuda")` makes PyTorch synchronize the stream after every copy, from pageable or
-# pinned memory alike. Only a copy from *pinned* (page-locked) memory with
-# `non_blocking=True` is reliably queued like a kernel. Chapter 3 covers what pinning costs
-# and how PyTorch's pinned allocator keeps such buffers safe.
+# experiments on a GB200). Small copies it stages itself, and the host returns at once (in
+# a quick check while preparing this chapter, a 32 KiB source overwritten right after the
+# call still arrived unchanged: the bytes were taken at call time). Larger ones it performs
+# as a DMA that reads the source through the GPU's MMU; before that it **drains the
+# destination stream**, because a kernel already in the queue might still be using the
+# buffer the copy overwrites. On top of that, a blocking `.to("cuda")` makes PyTorch
+# synchronize the stream after every copy, from pageable or pinned memory alike. Only a
+# copy from *pinned* (page-locked) memory with `non_blocking=True` is reliably queued like
+# a kernel. Chapter 3 covers what pinning costs and how PyTorch's pinned allocator keeps
+# such buffers safe.
 #
 # The experiment copies sizes from 64 KiB to 64 MiB into a preallocated GPU buffer, each
-# behind 30 ms of queued GPU work, from three sources. The post saw the driver start
-# draining at 64 KB on a GB200; the lab H200 (driver 580, CUDA 13) staged up to 2 MiB and
-# drained from 4 MiB on.
+# behind 30 ms of queued GPU work, from three sources. The post reports that on a GB200 the
+# driver drained the stream for pageable copies above 64 KB; where your driver starts is
+# what the sweep measures (the figure's title names the first size that waited).
 
 # %%
 copies = ex.run("syncs.pageable_threshold")
@@ -286,7 +323,18 @@ syncs.plot_pageable_threshold(copies)
 # synchronize, not the driver. The pinned `non_blocking` copy (green) never waits. The
 # pageable `non_blocking` copy (red) returns at once while the driver stages it, then jumps
 # to the full queue once the size passes the driver's limit; above that it also pays the
-# copy itself, at pageable bandwidth. The claim:
+# copy itself, at pageable bandwidth:
+
+# %%
+size = copies["sizes_bytes"][-1]
+waited = copies["variants"]["pageable_non_blocking"]["median_ms"][-1]
+extra_ms = waited - copies["work_ms"]
+print(f"{size / 2**20:g} MiB copy: waited {waited:.1f} ms, "
+      f"{extra_ms:.1f} ms beyond the queued work")
+print(f"about {size / extra_ms / 1e6:.1f} GB/s: compare chapter 3's pageable bandwidth")
+
+# %% [markdown]
+# The claim:
 
 # %%
 syncs.show_claim("syncs.pageable_htod_blocks")
@@ -312,12 +360,16 @@ syncs.check_threshold(threshold_mib)
 # ```{solution} ex-syncs-threshold
 # :class: dropdown
 #
-# On the lab H200 the copy returned at once up to 2 MiB and waited for the whole queue
-# at 4 MiB, so any answer from 2 to 4 MiB is right there (3 MiB in the sweep tells you on
-# which side the limit falls). The post's 64 KB is a different platform: treat the limit
+# Find the red squares' jump: the answer lies between the largest size that returned at
+# once and the first size that waited for the queue (the figure's title names that one, and
+# the shaded band spans the two). The post's 64 KB is a different platform: treat the limit
 # as a property of your driver, and pin anything large that you copy every step.
 # ```
-#
+
+# %% [markdown]
+# (ch4-case)=
+
+# %% [markdown]
 # ## Case study: the metrics helper
 #
 # The post tells a familiar story. A profile shows the host blocked for tens of
@@ -336,30 +388,55 @@ syncs.check_threshold(threshold_mib)
 # ```
 #
 # The reductions are indeed free. The tuple index is not: it syncs right after the
-# backward pass was queued, so the host waits for the whole forward and backward, and then
-# the optimizer and a weight average written as a Python loop (hundreds of tiny launches)
-# run against an empty queue. Our step is a 16-block MLP with AdamW, per-group gradient
-# statistics and that EMA loop. Its batch is chosen on each GPU so that forward and
-# backward take about as long on the GPU as the whole step takes on the host, the regime
-# where a sync hurts most (the lab's first reproduction of the post's example, with big
-# matrix multiplies, went from 10.6 to 7.2 ms per step on the H200). Step time is the
-# median period between the starts of consecutive steps, measured with CUDA events.
+# backward pass was queued, so the host waits for the whole forward and backward. What
+# that costs depends on what comes next ({ref}`ch4-runahead`): the GPU idles for roughly
+# the host time of the work after the sync, minus the GPU time of that work.
+#
+# Our step is a 16-block MLP. After the backward pass it computes per-group gradient
+# statistics and passes them through the helper, then clips the gradients, runs AdamW
+# and updates an exponential moving average (EMA) of the weights. Clipping, AdamW and the
+# EMA go through the parameters one tensor at a time (`foreach=False` and a Python loop),
+# as hand-written optimizers and many research training loops do: several hundred small
+# kernels, cheap for the GPU but milliseconds of host time. Each GPU gets its own batch
+# size, chosen so that a whole step takes about as long on the GPU as on the host, where a
+# sync costs most. Step time is the median period between the starts of consecutive
+# steps, measured with CUDA events.
+#
+# (While preparing this chapter the lab also timed a bare-bones version of the post's
+# story on the H200, outside the recorded experiments: four large matrix multiplies, the
+# helper, then 600 tiny launches. It went from 10.6 ms per step with the tuple index to
+# 7.2 ms with a device index. The post itself gives no timings.)
 
 # %%
 case = ex.run("syncs.case_study")
 syncs.plot_case_study(case)
 
+# %% [markdown]
+# The horizontal lines are the step's two budgets, measured separately: the host time of
+# a sync-free step with the GPU drained first (dashed), and the GPU time of its kernels
+# queued back to back (dotted). The table splits them by phase and puts the measured step times next to a queue
+# model (`syncs.predicted_step_ms`): sync-free, the slower side sets the pace; with the
+# sync, the GPU's forward and backward are followed by the host's update loops.
+
+# %%
+syncs.case_study_table(case)
+
+# %%
+print(syncs.describe_case_study(case))
+
 # %%
 syncs.plot_case_study_timeline(case)
 
 # %% [markdown]
-# In the upper timeline the host's "metrics" phase (red) is long: it is the wait. The GPU's
-# optimizer phase is long too, but the GPU is not working there: it runs each tiny kernel
-# as soon as the host queues it. Without the sync (lower timeline) the host is ahead, the
-# same tiny kernels arrive while the GPU is still busy with the backward pass, and the step
-# takes about the longer of the two sides instead of their sum.
+# In the upper timeline the host's "metrics" phase (red) is long: it is the wait. The
+# update phase (orange) then lasts as long on the GPU as on the host, but the GPU is mostly
+# idle there: it runs each small kernel as soon as the host queues it. Without the sync
+# (lower timeline) nothing holds the host back: it queues the next step's forward pass
+# while the GPU is still busy, the small kernels run in between, and the step takes about
+# the longer of host and GPU time instead of GPU time plus the update's host time.
 #
-# To find such a sync, run one step under the detector from section 5. It names the line:
+# To find such a sync, run one step under the detector from {ref}`ch4-detector`. It names
+# the line:
 
 # %%
 print(syncs.find_hidden_syncs())
@@ -381,8 +458,20 @@ syncs.show_claim("syncs.case_study_speedup")
 
 # %% [markdown]
 # The gain depends on the balance between GPU and host time. With little GPU work per
-# step the host is the bottleneck either way; with much more GPU work the bubble is small
-# next to the step. Try the three recorded balances:
+# step the host is the bottleneck either way, and the update loops cost the same host time
+# with or without the sync. With much more GPU work than host work, the bubble is small
+# next to the step. The three recorded balances (on a GPU this cell measures all three):
+
+# %%
+for balance in (0.5, 1.0, 2.0):
+    r = ex.run("syncs.case_study", balance=balance)
+    hidden = r["variants"]["hidden_sync"]["step_ms"]["median"]
+    free = r["variants"]["sync_free"]["step_ms"]["median"]
+    print(f"balance {balance:g}: {hidden:5.1f} ms per step with the sync, "
+          f"{free:5.1f} ms without: {r['speedup']:.2f}x")
+
+# %% [markdown]
+# In the panel you can look at each balance's figure:
 
 # %%
 ex.panel("syncs.case_study", syncs.plot_case_study, params=["balance"])
@@ -402,7 +491,7 @@ ex.panel("syncs.case_study", syncs.plot_case_study, params=["balance"])
 
 # %%
 def reduce_grad_stats_sync_free(local):
-    """local: [groups, 8] tensor. Return (sums of columns 0 and 2-7 over groups, max of column 1)."""
+    """local: [groups, 8]. Return (sums of columns 0, 2-7 over groups, max of column 1)."""
     ...  # your code here
 
 
@@ -428,16 +517,22 @@ syncs.check_sync_free_rewrite(None)  # replace None with reduce_grad_stats_sync_
 # copy them with `non_blocking=True`. Building `torch.tensor(SUM_COLS, device=...)` inside
 # the function does not: that is a blocking copy on every call.
 # ````
-#
+
+# %% [markdown]
+# (ch4-detector)=
+
+# %% [markdown]
 # ## A detector you can keep
 #
 # `set_sync_debug_mode("warn")` reports every call site that PyTorch marked as
-# synchronizing, which covers most of the catalogue. It does not report the explicit
-# waits `torch.cuda.synchronize()` and `Event.synchronize()` (PyTorch instruments its
-# stream-level synchronize, which `Stream.synchronize()` goes through, but not the device-
-# and event-level ones), and it cannot see waits that the CUDA driver decides on, such as
-# the large pageable `non_blocking` copies of section 3. `experiments.sync_detector.no_syncs`
-# combines three sources:
+# synchronizing, which covers most of the catalogue. In the lab's measurements (the
+# catalogue above and the blind-spot experiment below, torch 2.11) it reported
+# `Stream.synchronize()` but not the explicit waits `torch.cuda.synchronize()` and
+# `Event.synchronize()`: PyTorch instruments its stream-level synchronize, which
+# `Stream.synchronize()` goes through, and not the device- and event-level ones. Nor can it
+# see waits that the CUDA driver decides on, such as the large pageable `non_blocking`
+# copies of {ref}`ch4-pageable`. `experiments.sync_detector.no_syncs` combines three
+# sources:
 #
 # 1. it arms the debug mode at `"warn"`, turns each warning into an event with the line of
 #    *your* code that caused it, and restores the previous mode on exit (also when the block
@@ -460,6 +555,17 @@ syncs.check_sync_free_rewrite(None)  # replace None with reduce_grad_stats_sync_
 # print(det.report())                   # one line per sync: kind, file:line, code
 # ```
 #
+# ```{warning}
+# The wrappers of point 2 replace `torch.cuda.synchronize` and the other functions only
+# while the block runs, so the detector sees a call only if your code looks the function up
+# *inside* the block. A name bound earlier still points to the original function: after
+# `from torch.cuda import synchronize` at the top of a module, or `wait = event.synchronize`
+# before the `with`, a call to `synchronize()` or `wait()` inside the block waits for the
+# GPU and neither the detector nor the debug mode reports it. Write
+# `torch.cuda.synchronize()` and `event.synchronize()` in full inside checked code. (This
+# book's own test of the detector fell into exactly this trap on the lab GPU.)
+# ```
+#
 # Here it is on a few lines (this cell needs a GPU; without one it says so):
 
 # %%
@@ -473,7 +579,7 @@ if ex.has_cuda():
         clipped = torch.where(x > 0, x, 0.0)  # stays on the device
     print(det.report())
 else:
-    print(syncs.no_gpu_message())
+    print(textwrap.fill(syncs.no_gpu_message(), 88))
 
 # %% [markdown]
 # The next experiment runs cases the debug mode handles badly through both detectors,
@@ -487,6 +593,12 @@ syncs.plot_blind_spots(spots)
 # %%
 syncs.blind_spot_table(spots)
 
+# %% [markdown]
+# Shaded rows are the waits the debug mode did not report: the explicit
+# `torch.cuda.synchronize()` and `Event.synchronize()`, and the two pageable copies whose
+# wait the driver decides. The detector reports each of them, and nothing for the calls
+# that returned at once. The claim for the first row:
+
 # %%
 syncs.show_claim("syncs.debug_mode_blind_spot")
 
@@ -496,8 +608,9 @@ syncs.show_claim("syncs.debug_mode_blind_spot")
 # on their own); waits the driver performs implicitly, such as `cudaFree` when the caching
 # allocator gives memory back (`empty_cache`, the retry after an out-of-memory error) or
 # pinned-memory allocation; sync functions bound before the block started
-# (`from torch.cuda import synchronize`) and the device-generic `torch.Event` and
-# `torch.Stream` classes; code compiled by `torch.compile` or replayed from a CUDA graph;
+# (`from torch.cuda import synchronize`, see the warning above) and the device-generic
+# `torch.Event` and `torch.Stream` classes; code compiled by `torch.compile` or replayed
+# from a CUDA graph;
 # and pageable copies below the threshold, which some drivers stage and others do not. The
 # debug mode is process-global, so a sync made by another thread during the block is
 # reported too (the event names the thread; `threads="current"` ignores them). For a region
@@ -522,7 +635,8 @@ syncs.show_claim("syncs.debug_mode_blind_spot")
 # ```
 #
 # On a machine without a GPU both are skipped with the reason, so the same suite runs on
-# CPU-only CI.
+# CPU-only CI. The warning above holds in tests too: inside the checked code, call
+# `torch.cuda.synchronize()` by its full name, not through a name imported earlier.
 #
 # ## Applying this to your own code
 #
