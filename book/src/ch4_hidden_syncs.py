@@ -416,7 +416,10 @@ syncs.plot_case_study(case)
 # a sync-free step with the GPU drained first (dashed), and the GPU time of its kernels
 # queued back to back (dotted). The table splits them by phase and puts the measured step times next to a queue
 # model (`syncs.predicted_step_ms`): sync-free, the slower side sets the pace; with the
-# sync, the GPU's forward and backward are followed by the host's update loops.
+# sync, the GPU's forward and backward are followed by the host's update loops. The model
+# fits where the GPU has at least as much work as the host. Where the host sets the pace
+# (`balance` 0.5 in the panel below), it undershoots: the host's phases, timed one at a
+# time, add up to less than the same work takes inside the running loop.
 
 # %%
 syncs.case_study_table(case)
