@@ -328,11 +328,13 @@ print(streams.runahead_table(sweep))
 # `limit_all_gathers=True`: a host-side throttle that blocks the CPU so that the
 # gathered parameters of at most two FSDP units exist at once.
 #
-# Explore a single run. Choose the strategy, the GPU work per layer and the host delay:
+# Explore a single run. Choose the strategy, the GPU work per layer and the host delay; on
+# your own GPU you can also change the number of layers, the buffer size and the buffers
+# kept in flight (the recording has the chapter's 32 layers of 64 MiB):
 
 # %%
 ex.panel("streams.pipeline", streams.plot_pipeline,
-         params=["strategy", "consumer_ms", "host_delay_ms"])
+         params=["strategy", "consumer_ms", "host_delay_ms", "layers", "buffer_mib", "in_flight"])
 
 # %% [markdown]
 # ## What `max_memory_allocated()` does not see
