@@ -1,4 +1,4 @@
-# CUDA Memory Lab. Two commands on a fresh machine (Python 3.10+):
+# CUDA Memory Lab. Two commands on a fresh machine (Python 3.11+, which the pins need):
 #   make book   create .venv, install the pinned requirements, execute the notebooks,
 #               build the HTML book into _build/html (warnings are errors)
 #   make test   the same environment; unit tests, notebook execution, book build
@@ -8,11 +8,15 @@ BIN := $(CURDIR)/$(VENV)/bin
 PY := $(BIN)/python
 STAMP := $(VENV)/.installed
 export PATH := $(BIN):$(PATH)
+# The book shows the lab GPU's recorded results unless asked otherwise, so a build on a
+# GPU machine gives the same pages as the online book: `make book BOOK_MODE=auto`
+# measures live on this machine's GPU instead.
+BOOK_MODE ?= recorded
 
 .PHONY: book book-student test test-gpu install notebooks record clean
 
 $(PY):
-	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "Python 3.10 or newer is needed; found " + sys.version.split()[0])'
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "make needs Python 3.11 or newer (the pinned packages do); found " + sys.version.split()[0] + ". Try: make book PYTHON=python3.11")'
 	$(PYTHON) -m venv $(VENV)
 
 # constraints.txt pins every package (torch 2.13.0 is a CPU build on the lab's build machines).
@@ -27,14 +31,16 @@ notebooks: install
 	$(PY) scripts/sync_notebooks.py
 
 book: notebooks
-	$(BIN)/jupyter-book build . --warningiserror --keep-going
+	CUDA_MEMLAB_MODE=$(BOOK_MODE) $(BIN)/jupyter-book build . --warningiserror --keep-going
 	@echo "The book is at file://$(CURDIR)/_build/html/index.html"
 
 # A build for students: exercise solutions left out.
 book-student: notebooks
-	$(PY) scripts/student_config.py > $(VENV)/student_config.yml
-	$(BIN)/jupyter-book build . --config $(VENV)/student_config.yml --path-output _build/student --warningiserror --keep-going
+	$(PY) scripts/student_edition.py config > $(VENV)/student_config.yml
+	CUDA_MEMLAB_MODE=$(BOOK_MODE) $(BIN)/jupyter-book build . --config $(VENV)/student_config.yml --path-output _build/student --warningiserror --keep-going
+	$(PY) scripts/student_edition.py notebooks _build/student/notebooks
 	@echo "The student book is at file://$(CURDIR)/_build/student/_build/html/index.html"
+	@echo "Notebooks without solutions, to hand out: $(CURDIR)/_build/student/notebooks"
 
 test: install
 	$(PY) -m pytest

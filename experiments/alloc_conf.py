@@ -13,6 +13,7 @@ import dataclasses
 from typing import Any, Mapping
 
 from .device import torch_version
+from .text import close_names
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,7 +100,8 @@ def parse(text: str) -> dict[str, Any]:
             raise ValueError(f"allocator setting {part!r} must look like name:value")
         name = name.strip()
         if name not in KNOWN_OPTIONS:
-            raise ValueError(f"unknown allocator option {name!r}; known options: {sorted(KNOWN_OPTIONS)}")
+            raise ValueError(f"unknown allocator option {name!r}{close_names(name, KNOWN_OPTIONS)}; "
+                             f"known options: {sorted(KNOWN_OPTIONS)}")
         out[name] = _convert(KNOWN_OPTIONS[name], raw.strip())
     return out
 
@@ -155,7 +157,8 @@ def render(settings: Mapping[str, Any] | str | None, *, version: tuple[int, int]
     for name, value in settings.items():
         opt = KNOWN_OPTIONS.get(name)
         if opt is None:
-            raise ValueError(f"unknown allocator option {name!r}; known options: {sorted(KNOWN_OPTIONS)}")
+            raise ValueError(f"unknown allocator option {name!r}{close_names(name, KNOWN_OPTIONS)}; "
+                             f"known options: {sorted(KNOWN_OPTIONS)}")
         if version < opt.since:
             raise UnsupportedOptionError(
                 f"allocator option {name!r} needs torch >= {opt.since[0]}.{opt.since[1]}; "

@@ -8,8 +8,8 @@ Experiments (all ids start with ``alloc.``):
 * ``alloc.anatomy``: the layout of ``count`` tensors of a size you choose;
 * ``alloc.timeline``: allocated against reserved bytes over the post's two allocation
   orders, with ``empty_cache()`` at the end;
-* ``alloc.fragmentation_oom``: under a memory cap, a request that fails although more
-  than its size is reserved but unallocated;
+* ``alloc.fragmentation_oom``: under a memory cap you choose, a request that fails
+  although more than its size is reserved but unallocated;
 * ``alloc.graph_pools``: CUDA graphs captured into one shared pool, largest batch first
   or last, without and with autograd keeping activations;
 * ``alloc.pool_boundary``: memory freed in the small pool (≤ 1 MiB) cannot serve the
@@ -44,7 +44,7 @@ from .allocator_snapshot import (  # noqa: F401
 )
 from .allocator_workloads import (  # noqa: F401
     ANATOMY_SIZES, BOUNDARY_SIZES, GRAPH_BATCH_SIZES, GRAPH_DTYPE, GRAPH_HIDDEN, GRAPH_ORDERS, KNOB_CAP_MIB, KNOBS,
-    OOM_CAP_MIB, OOM_FILL_COUNT, OOM_FILL_MIB, OOM_PATTERNS, OOM_REQUEST_MIB, ORDERS, PROBE_SIZES, SMALL_COUNT,
+    OOM_CAP_CHOICES, OOM_CAP_MIB, OOM_FILL_COUNT, OOM_FILL_MIB, OOM_PATTERNS, OOM_REQUEST_MIB, ORDERS, PROBE_SIZES, SMALL_COUNT,
     SMALL_SIZE_B, BIG_REQUEST_B, TIMELINE_SMALL_MIB, boundary_sequences, graph_capture_ops, oom_ops, timeline_ops,
 )
 from .claims import claim
@@ -109,10 +109,22 @@ _SHARED_SETTINGS = {"default": None, "expandable": {"expandable_segments": True}
 _kept: dict[tuple[str, str], tuple[float, Mapping[str, Any]]] = {}
 
 
+def oom_job(cap_mib: int) -> str:
+    """The name of the shared job that runs the fragmentation patterns under ``cap_mib``:
+    'fragmentation_oom' for the default cap, 'fragmentation_oom_<cap>' for the others.
+
+    Raises:
+        ValueError: a cap not in ``OOM_CAP_CHOICES`` (the message names cap_mib).
+    """
+    _CAP_PARAM.validate(cap_mib)
+    return "fragmentation_oom" if cap_mib == OOM_CAP_MIB else f"fragmentation_oom_{cap_mib}"
+
+
 def shared_jobs(setting: str) -> dict[str, dict[str, Any]]:
     """Every fresh-process job of the chapter under one setting ('default' or 'expandable'):
-    the timelines, the pool boundary, the fragmentation patterns and the knobs' baseline
-    (each a set of operation sequences, some under a memory cap), and the graph captures.
+    the timelines, the pool boundary, the fragmentation patterns (once per cap in
+    ``OOM_CAP_CHOICES``, see :func:`oom_job`) and the knobs' baseline (each a set of
+    operation sequences, some under a memory cap), and the graph captures.
 
     Raises:
         ValueError: an unknown setting.
@@ -124,6 +136,9 @@ def shared_jobs(setting: str) -> dict[str, dict[str, Any]]:
     jobs["pool_boundary"] = {"sequences": boundary_sequences()}
     jobs["fragmentation_oom"] = {"sequences": {p: oom_ops(p) for p in OOM_PATTERNS}, "cap_mib": OOM_CAP_MIB}
     jobs["knobs"] = {"sequences": {name: k["ops"] for name, k in KNOBS.items()}, "cap_mib": KNOB_CAP_MIB}
+    for cap in OOM_CAP_CHOICES:   # the other caps: a few dozen allocations each, in the same process
+        if cap != OOM_CAP_MIB:
+            jobs[oom_job(cap)] = {"sequences": {p: oom_ops(p) for p in OOM_PATTERNS}, "cap_mib": cap}
     jobs["graph_pools"] = {"graph_pools": {"hidden": GRAPH_HIDDEN, "batch_sizes": list(GRAPH_BATCH_SIZES),
                                            "dtype": GRAPH_DTYPE, "autograd": True}}
     for job in jobs.values():
@@ -379,6 +394,10 @@ def timeline(small_mib: int = 16, expandable: bool = False) -> dict[str, Any]:
 
 
 
+_CAP_PARAM = Param("cap_mib", OOM_CAP_MIB, choices=OOM_CAP_CHOICES, unit="MiB",
+                   help="the memory cap of the fresh process the patterns run in")
+
+
 def _oom_pattern_data(pattern: str, measured: Mapping[str, Any], predicted: Mapping[str, Any]) -> dict[str, Any]:
     oom = measured.get("oom")
     figures, parse_error = None, None
@@ -388,21 +407,32 @@ def _oom_pattern_data(pattern: str, measured: Mapping[str, Any], predicted: Mapp
         except ValueError as e:
             parse_error = str(e)
     snaps = measured["snapshots"]
-    before = snaps.get("before_request", [])
+    # Under a cap below the first phase's 352 MiB the sequence stops before the request.
+    reached = "before_request" in snaps
+    before = layout_summary(snaps["before_request"]) if reached else None
+    predicted_oom = predicted.get("oom")
     return {
         "description": OOM_PATTERNS[pattern],
         "oom": oom is not None,
-        "predicted_oom": predicted.get("oom") is not None,
+        "predicted_oom": predicted_oom is not None,
+        "reached_request": reached,
+        "predicted_reached_request": "before_request" in predicted["snapshots"],
+        "oom_step": oom["step"] if oom else None,
+        "predicted_oom_step": predicted_oom["step"] if predicted_oom else None,
+        "failed_label": measured["labels"][oom["step"]] if oom else None,
+        "failed_request_bytes": oom["request_bytes"] if oom else None,
         "message": oom["message"] if oom else None,
         "figures": figures,
         "parse_error": parse_error,
         "request_bytes": OOM_REQUEST_MIB * MiB,
-        "reserved_before_request_bytes": layout_summary(before)["reserved_bytes"],
-        "allocated_before_request_bytes": layout_summary(before)["allocated_bytes"],
+        "reserved_before_request_bytes": before["reserved_bytes"] if before else None,
+        "allocated_before_request_bytes": before["allocated_bytes"] if before else None,
+        "reserved_at_failure_bytes": oom["reserved_bytes"] if oom else None,
+        "allocated_at_failure_bytes": oom["allocated_bytes"] if oom else None,
         "reserved_unallocated_at_failure_bytes": oom["reserved_unallocated_bytes"] if oom else None,
         "reserved_after_bytes": measured["reserved_bytes"][-1],
         "predicted_reserved_after_bytes": predicted["reserved_bytes"][-1],
-        "segments_before_request": before,
+        "segments_before_request": snaps.get("before_request", []),
         "segments_after": snaps.get("oom") or snaps.get("after_request") or [],
         "predicted_segments_after": predicted["snapshots"].get("oom") or predicted["snapshots"].get("after_request") or [],
         "num_alloc_retries": measured["num_alloc_retries"],
@@ -413,21 +443,31 @@ def _oom_pattern_data(pattern: str, measured: Mapping[str, Any], predicted: Mapp
     }
 
 
-def _oom_data(measured: Mapping[str, Any], expandable: bool) -> dict[str, Any]:
+def predict_oom(cap_mib: int = OOM_CAP_MIB, expandable: bool = False) -> dict[str, dict[str, Any]]:
+    """The model's run of each pattern of ``alloc.fragmentation_oom`` under ``cap_mib`` MiB:
+    pattern -> the result of :func:`experiments.allocator_model.simulate` (no GPU needed).
+
+    Raises:
+        ValueError: a cap not in ``OOM_CAP_CHOICES``.
+    """
+    _CAP_PARAM.validate(cap_mib)
     cfg = AllocatorConfig(expandable_segments=expandable)
-    patterns = {}
-    for name in OOM_PATTERNS:
-        predicted = simulate(oom_ops(name), cfg, cap_bytes=OOM_CAP_MIB * MiB)
-        patterns[name] = _oom_pattern_data(name, measured[name], predicted)
-    return {"cap_bytes": OOM_CAP_MIB * MiB, "request_bytes": OOM_REQUEST_MIB * MiB, "patterns": patterns}
+    return {name: simulate(oom_ops(name), cfg, cap_bytes=cap_mib * MiB) for name in OOM_PATTERNS}
+
+
+def _oom_data(measured: Mapping[str, Any], expandable: bool, cap_mib: int = OOM_CAP_MIB) -> dict[str, Any]:
+    predicted = predict_oom(cap_mib, expandable)
+    patterns = {name: _oom_pattern_data(name, measured[name], predicted[name]) for name in OOM_PATTERNS}
+    return {"cap_bytes": cap_mib * MiB, "cap_mib": cap_mib, "request_bytes": OOM_REQUEST_MIB * MiB,
+            "patterns": patterns}
 
 
 @experiment(
     "alloc.fragmentation_oom",
     chapter=1,
     title="Fragmentation to out-of-memory under a memory cap",
-    params=[Param("expandable", False, help="expandable_segments:True")],
-    grid={"expandable": [False, True]},
+    params=[_CAP_PARAM, Param("expandable", False, help="expandable_segments:True")],
+    grid={"cap_mib": list(OOM_CAP_CHOICES), "expandable": [False, True]},
     data_schema={
         "type": "object", "required": ["cap_bytes", "request_bytes", "patterns"],
         "properties": {"patterns": {"type": "object", "required": list(OOM_PATTERNS), "additionalProperties": {
@@ -435,23 +475,36 @@ def _oom_data(measured: Mapping[str, Any], expandable: bool) -> dict[str, Any]:
             "required": ["oom", "predicted_oom", "message", "figures", "request_bytes", "segments_before_request",
                          "segments_after", "num_alloc_retries", "num_ooms"],
             "properties": {"oom": {"type": "boolean"}, "segments_before_request": _SEGMENTS,
-                           "segments_after": _SEGMENTS}}}},
+                           "segments_after": _SEGMENTS,
+                           "oom_step": {"type": ["integer", "null"]},
+                           "predicted_oom_step": {"type": ["integer", "null"]}}}}},
     },
 )
-def fragmentation_oom(expandable: bool = False) -> dict[str, Any]:
-    """In a fresh process (shared, :func:`shared_jobs`), capped at 384 MiB: three ways to
-    use the same cached memory, each ending with a 64 MiB request (``OOM_PATTERNS``). The
-    out-of-memory error is caught and its message parsed.
+def fragmentation_oom(cap_mib: int = OOM_CAP_MIB, expandable: bool = False) -> dict[str, Any]:
+    """In a fresh process (shared, :func:`shared_jobs`), capped at ``cap_mib`` MiB (one of
+    ``OOM_CAP_CHOICES``, default 384): three ways to use the same cached memory, each
+    ending with a 64 MiB request (``OOM_PATTERNS``). The out-of-memory error is caught and
+    its message parsed. Under a cap below the 352 MiB of the first phase, the sequence
+    fails (and stops) before the request.
 
     Returns:
-        cap_bytes, request_bytes and patterns: per pattern, oom (bool), predicted_oom (the
-        model), message, figures (:func:`parse_oom_message`, or None), the reserved and
-        allocated bytes before the request, reserved_unallocated_at_failure_bytes, the
-        layouts before and after the request, num_alloc_retries, num_ooms and the reserved
-        and allocated bytes after every operation.
+        cap_bytes, cap_mib, request_bytes and patterns: per pattern, oom (bool),
+        predicted_oom (the model), reached_request and predicted_reached_request (whether
+        the 64 MiB request was made),
+        oom_step and predicted_oom_step (index of the failed operation, or None),
+        failed_label and failed_request_bytes (the operation that failed), message,
+        figures (:func:`parse_oom_message`, or None), the reserved and allocated bytes
+        before the request (None if it was not reached) and at the failure,
+        reserved_unallocated_at_failure_bytes, the layouts before and after the request
+        (or at the failure), num_alloc_retries, num_ooms and the reserved and allocated
+        bytes after every operation.
+
+    Raises:
+        ValueError: a cap not in ``OOM_CAP_CHOICES`` (before any GPU work).
     """
-    measured = _measure_shared("fragmentation_oom", expandable)
-    return _oom_data(measured, expandable)
+    measured = _measure_shared(oom_job(cap_mib), expandable)
+    return _oom_data(measured, expandable, cap_mib)
+
 
 
 @claim(
@@ -460,7 +513,7 @@ def fragmentation_oom(expandable: bool = False) -> dict[str, Any]:
     statement="Under a memory cap, with default settings, a request can fail with an out-of-memory error while "
               "the memory reserved but unallocated is at least as large as the request.",
     experiment="alloc.fragmentation_oom",
-    params={"expandable": False},
+    params={"cap_mib": OOM_CAP_MIB, "expandable": False},
     source=POST_URL,
 )
 def _claim_fragmentation_oom(data: Mapping[str, Any]) -> tuple[bool, dict[str, Any]]:
@@ -473,8 +526,9 @@ def _claim_fragmentation_oom(data: Mapping[str, Any]) -> tuple[bool, dict[str, A
     measured = {"request MiB": p["request_bytes"] / MiB, "OOM raised": p["oom"],
                 "reserved but unallocated MiB": None if unallocated is None else unallocated / MiB,
                 "cap MiB": data["cap_bytes"] / MiB, "figures from": source}
-    return bool(p["oom"] and default_settings and unallocated is not None and unallocated >= p["request_bytes"]), \
-        measured
+    on_request = p.get("reached_request", True)   # the 64 MiB request failed, not the first phase
+    return bool(p["oom"] and on_request and default_settings and unallocated is not None
+                and unallocated >= p["request_bytes"]), measured
 
 
 # --------------------------------------------------------------------------- alloc.graph_pools

@@ -244,20 +244,30 @@ OOM_FIXES = {
 
 
 def check_oom_reading(unallocated_mib: float | None, fix: str | None, *, result: Any = None) -> Feedback:
-    """The 'interleave' out-of-memory error of ``alloc.fragmentation_oom``: how many MiB were
-    reserved but unallocated (from its message), and which of ``OOM_FIXES`` lets the
-    64 MiB request succeed."""
+    """The 'interleave' out-of-memory error of ``alloc.fragmentation_oom`` (default cap,
+    384 MiB): how many MiB were reserved but unallocated (from its message), and which of
+    ``OOM_FIXES`` lets the 64 MiB request succeed.
+
+    Raises:
+        ValueError: ``result`` measured under another cap.
+    """
     if unallocated_mib is None or fix is None:
         return unanswered("the MiB reserved but unallocated, and one key of OOM_FIXES")
+    from .allocator_workloads import OOM_CAP_MIB
+
     if result is None:
-        result = _recorded_or_live("alloc.fragmentation_oom", expandable=False)
+        result = _recorded_or_live("alloc.fragmentation_oom", cap_mib=OOM_CAP_MIB, expandable=False)
+    elif result.params.get("cap_mib", OOM_CAP_MIB) != OOM_CAP_MIB:
+        raise ValueError(f"the exercise reads the error under the {OOM_CAP_MIB} MiB cap: pass the result of "
+                         f"ex.run('alloc.fragmentation_oom', cap_mib={OOM_CAP_MIB}), not cap_mib="
+                         f"{result.params['cap_mib']}")
     p = result.data["patterns"]["interleave"] if result is not None else None
     if p is not None and p["figures"] is not None:
         caption = result.caption()
         expected, source = (p["figures"]["reserved_unallocated_bytes"] / MiB,
                             "the message of the run " + caption[0].lower() + caption[1:])
     else:
-        from .allocator_workloads import OOM_CAP_MIB, oom_ops
+        from .allocator_workloads import oom_ops
 
         oom = simulate(oom_ops("interleave"), cap_bytes=OOM_CAP_MIB * MiB)["oom"]
         expected, source = oom["reserved_unallocated_bytes"] / MiB, "the allocator model"

@@ -186,21 +186,37 @@ def plot_sequence(run: Mapping[str, Any], *, title: str = "") -> Any:
 PATTERN_ORDER = ("shrink", "interleave", "grouped")
 
 
+def _outcome(p: Mapping[str, Any], predicted: bool = False) -> str:
+    """'fits', 'out of memory', or where the sequence failed when it never reached the request."""
+    if not p["predicted_oom" if predicted else "oom"]:
+        return "fits"
+    if p.get("predicted_reached_request" if predicted else "reached_request", True) is False:
+        return "out of memory in phase 1"
+    return "out of memory"
+
+
+def _mib_or_dash(n: float | None) -> str:
+    return "-" if n is None else f"{_mib(n):.0f}"
+
+
 def oom_table(result: Any) -> Table:
-    """One row per pattern of ``alloc.fragmentation_oom``: what happened to the 64 MiB request."""
+    """One row per pattern of ``alloc.fragmentation_oom``: what happened to the 64 MiB request
+    (or, under a cap too small for the first phase, to the tensor that failed before it)."""
     d = result.data
     rows = []
     for name in PATTERN_ORDER:
         p = d["patterns"][name]
-        unalloc = p["reserved_unallocated_at_failure_bytes"]
-        rows.append([name, "out of memory" if p["oom"] else "fits",
-                     "out of memory" if p["predicted_oom"] else "fits",
-                     f"{_mib(p['reserved_before_request_bytes']):.0f}", f"{_mib(p['allocated_before_request_bytes']):.0f}",
-                     "-" if unalloc is None else f"{_mib(unalloc):.0f}"])
+        rows.append([name, _outcome(p), _outcome(p, predicted=True),
+                     _mib_or_dash(p["reserved_before_request_bytes"]), _mib_or_dash(p["allocated_before_request_bytes"]),
+                     _mib_or_dash(p["reserved_unallocated_at_failure_bytes"]), _mib_or_dash(p["reserved_after_bytes"])])
     request = format_bytes(d["request_bytes"])
-    return Table(["pattern", f"{request} request (measured)", "model", "reserved before (MiB)",
-                  "allocated before (MiB)", "reserved but unallocated at the failure (MiB)"], rows,
-                 caption=f"Memory cap {format_bytes(d['cap_bytes'])}. {result.caption()}")
+    early = any(p.get("reached_request") is False for p in d["patterns"].values())
+    note = (" Phase 1 (eleven 32 MiB tensors, 352 MiB) does not fit under this cap: no pattern reaches the "
+            f"{request} request." if early else "")
+    return Table(["pattern", f"{request} request (measured)", "model", "reserved before it (MiB)",
+                  "allocated before it (MiB)", "reserved but unallocated at the failure (MiB)",
+                  "reserved at the end (MiB)"], rows,
+                 caption=f"Memory cap {format_bytes(d['cap_bytes'])}.{note} {result.caption()}")
 
 
 def oom_figures_table(result: Any, pattern: str = "interleave") -> Table:
@@ -233,8 +249,9 @@ def oom_message(result: Any, pattern: str = "interleave", width: int = 88) -> st
 
 def plot_fragmentation_oom(result: Any, pattern: str = "interleave") -> Any:
     """Left: the segments after the 64 MiB request of ``pattern`` (at the failure, if it
-    failed). Right: for every pattern, reserved and allocated MiB before the request,
-    against the cap, marked 'OOM' or 'fits'.
+    failed). Right: for every pattern, reserved and allocated MiB before the request (at
+    the failure for a pattern that failed earlier, in phase 1) and reserved MiB at the end,
+    against the cap, marked 'OOM', 'OOM (phase 1)' or 'fits'.
 
     Raises:
         ValueError: an unknown pattern.
@@ -246,28 +263,42 @@ def plot_fragmentation_oom(result: Any, pattern: str = "interleave") -> Any:
     segs = p["segments_after"]
     fig, (left, right) = new_figure(1, 2, width=10.0, height=max(3.2, 0.3 * len(segs) + 1.6),
                                     gridspec_kw={"width_ratios": [3, 2]})
-    outcome = "out of memory" if p["oom"] else "fits"
     setting = "expandable segments" if result.params.get("expandable") else "default settings"
+    cap = _mib(d["cap_bytes"])
     segment_map(segs, ax=left)
-    fig.suptitle(f"'{pattern}', {setting}: the 64 MiB request → {outcome}. Left: the segments "
+    if p.get("reached_request", True):
+        what = f"the 64 MiB request → {'out of memory' if p['oom'] else 'fits'}"
+    else:
+        failed = f"a {format_bytes(p['failed_request_bytes'])}" if p.get("failed_request_bytes") else "a"
+        what = f"{failed} tensor of phase 1 → out of memory, before the 64 MiB request"
+    fig.suptitle(f"'{pattern}', {setting}, cap {cap:.0f} MiB: {what}. Left: the segments "
                  f"{'at the failure' if p['oom'] else 'after it'}; right: all three patterns", fontsize=10)
     names = [n for n in PATTERN_ORDER if n in d["patterns"]]
+    pats = [d["patterns"][n] for n in names]
+    reached = [q.get("reached_request", True) for q in pats]
     x = range(len(names))
-    reserved = [_mib(d["patterns"][n]["reserved_before_request_bytes"]) for n in names]
-    allocated = [_mib(d["patterns"][n]["allocated_before_request_bytes"]) for n in names]
-    right.bar([i - 0.2 for i in x], reserved, width=0.4, color=PALETTE[1], label="reserved")
-    right.bar([i + 0.2 for i in x], allocated, width=0.4, color=PALETTE[0], label="allocated")
-    right.axhline(_mib(d["cap_bytes"]), color=PALETTE[3], linestyle="--", linewidth=1, label="cap")
-    for i, n in enumerate(names):
-        right.annotate("OOM" if d["patterns"][n]["oom"] else "fits", (i, _mib(d["cap_bytes"])), ha="center",
-                       va="bottom", fontsize=9, fontweight="bold",
-                       color=PALETTE[3] if d["patterns"][n]["oom"] else PALETTE[2], xytext=(0, 3),
+    reserved = [_mib(q["reserved_before_request_bytes"] if r else q["reserved_at_failure_bytes"])
+                for q, r in zip(pats, reached)]
+    allocated = [_mib(q["allocated_before_request_bytes"] if r else q["allocated_at_failure_bytes"])
+                 for q, r in zip(pats, reached)]
+    after = [_mib(q["reserved_after_bytes"]) for q in pats]
+    stage = ("before the request" if all(reached) else "at the failure" if not any(reached)
+             else "before the request or at the failure")
+    right.bar([i - 0.2 for i in x], reserved, width=0.4, color=PALETTE[1], label=f"reserved {stage}")
+    right.bar([i + 0.2 for i in x], allocated, width=0.4, color=PALETTE[0], label=f"allocated {stage}")
+    right.scatter([i - 0.2 for i in x], after, marker="_", s=350, linewidths=2, color="black", zorder=3,
+                  label="reserved at the end")
+    right.axhline(cap, color=PALETTE[3], linestyle="--", linewidth=1, label="cap")
+    for i, (q, r) in enumerate(zip(pats, reached)):
+        right.annotate(("OOM" if r else "OOM (phase 1)") if q["oom"] else "fits", (i, cap), ha="center",
+                       va="bottom", fontsize=9 if r else 8, fontweight="bold",
+                       color=PALETTE[3] if q["oom"] else PALETTE[2], xytext=(0, 3),
                        textcoords="offset points")
     right.set_xticks(list(x))
     right.set_xticklabels(names)
-    right.set_ylabel("before the request (MiB)")
-    right.set_ylim(0, _mib(d["cap_bytes"]) * 1.18)
-    right.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3, fontsize=8)
+    right.set_ylabel("memory (MiB)")
+    right.set_ylim(0, max(cap, *after) * 1.18)
+    right.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, fontsize=8)
     right.grid(axis="x", visible=False)
     return stamp(fig, result)
 

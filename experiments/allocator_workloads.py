@@ -39,10 +39,19 @@ def timeline_ops(order: str, small_mib: int) -> list[tuple[Any, ...]]:
     first, second = (small, large) if order == "small_first" else (large, small)
     return [*first[0], *first[1], *second[0], ("snapshot", "phase2"), *second[1], ("empty_cache",)]
 
-OOM_CAP_MIB = 384           # the memory cap of the fresh process (fits a 16 GB T4 and the H200 alike)
-OOM_FILL_MIB = 32           # phase-1 tensor size; 11 of them leave less than 64 MiB under the cap
+OOM_CAP_MIB = 384           # the default memory cap of the fresh process (fits a 16 GB T4 and the H200 alike)
+OOM_FILL_MIB = 32           # phase-1 tensor size; 11 of them leave less than 64 MiB under the default cap
 OOM_REQUEST_MIB = 64        # the request that should not fit
-OOM_FILL_COUNT = OOM_CAP_MIB // OOM_FILL_MIB - 1
+OOM_FILL_COUNT = OOM_CAP_MIB // OOM_FILL_MIB - 1   # 11, whatever cap the patterns then run under
+# The caps alloc.fragmentation_oom offers; the patterns stay the same under each. The model
+# predicts three regimes: below the 352 MiB of the first phase the eleventh 32 MiB tensor
+# fails with nothing cached (a plain out-of-memory error); from 352 to 415 MiB the
+# fragmented patterns fail on the 64 MiB request; from 416 MiB (352 + 64) a new segment
+# fits beside the fragmented ones. For each value the model predicts the same outcomes
+# 4 MiB below and above it, with default settings and with expandable segments, so a cap
+# set as a fraction of the GPU's memory (set_per_process_memory_fraction) cannot land on
+# the other side of a threshold by rounding.
+OOM_CAP_CHOICES = (336, OOM_CAP_MIB, 512)
 OOM_PATTERNS = {
     "shrink": "11 × 32 MiB allocated and freed; then 11 × 24 MiB kept (each reuses a cached 32 MiB "
               "segment and leaves an 8 MiB tail); then one 64 MiB request",

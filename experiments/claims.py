@@ -156,10 +156,20 @@ class ClaimsTable:
             return r.error
         p = r.provenance
         how = "recorded" if r.mode == "recorded" else "live"
-        return f"{how}: {p['gpu_name']}, torch {p['torch']}, CUDA {p['cuda']}, {p['date'][:10]}"
+        return f"{how} · {p['gpu_name']} · torch {p['torch']} · {p['date'][:10]}"
+
+    def summary(self) -> str:
+        """'18 of 20 claims hold; 1 does not; 1 not measured.'"""
+        verdicts = [self.verdict(r) for r in self.results]
+        parts = [f"{verdicts.count('holds')} of {len(verdicts)} claims hold"]
+        if verdicts.count("does not hold"):
+            parts.append(f"{verdicts.count('does not hold')} do{'es' if verdicts.count('does not hold') == 1 else ''} not")
+        if verdicts.count("not measured"):
+            parts.append(f"{verdicts.count('not measured')} not measured")
+        return "; ".join(parts) + "."
 
     def __str__(self) -> str:
-        lines = []
+        lines = [self.summary()]
         for r in self.results:
             lines.append(f"[{self.verdict(r):>13}] {r.id} (ch. {r.chapter}): {r.statement}")
             if r.measured:
@@ -181,8 +191,10 @@ class ClaimsTable:
                 f"<td style='font-size:85%'>{html.escape(self._where(r))}</td>"
                 "</tr>"
             )
-        return ("<table><thead><tr><th>claim</th><th>statement</th><th>measured</th><th>verdict</th>"
-                "<th>where</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
+        return (f"<p><b>{html.escape(self.summary())}</b> Each statement comes from the linked source; "
+                "the number that decides it is this book's test of that statement.</p>"
+                "<table style='font-size:88%'><thead><tr><th>claim</th><th>statement</th><th>measured</th>"
+                "<th>verdict</th><th>where</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
 
 
 def claims_table(chapter: int | None = None, *, mode: str | None = None) -> ClaimsTable:

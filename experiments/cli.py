@@ -1,4 +1,4 @@
-"""Command line: ``python -m experiments {record,list,claims}``.
+"""Command line: python -m experiments {record,list,claims}
 
 record   run experiments on this GPU and write their recorded results
 list     experiments, their chapters, and the GPUs with recorded results
@@ -13,6 +13,7 @@ from pathlib import Path
 
 from . import claims as claims_mod
 from . import registry, store
+from .device import has_cuda
 
 
 def _select(chapter: int | None, experiment_ids: list[str] | None) -> list[registry.Experiment]:
@@ -49,6 +50,10 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_claims(args: argparse.Namespace) -> int:
     mode = "recorded" if args.recorded else "live"
+    if mode == "live" and not has_cuda():
+        print("no CUDA GPU visible: evaluating the results recorded on the lab GPU (say --recorded to "
+              "ask for them directly)", file=sys.stderr)
+        mode = "recorded"
     results = claims_mod.evaluate_all(args.chapter, mode=mode)
     if args.json:
         json.dump([r.to_json() for r in results], sys.stdout, indent=1)
@@ -75,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     ls.set_defaults(func=cmd_list)
 
     cl = sub.add_parser("claims", help="evaluate the posts' claims")
-    cl.add_argument("--recorded", action="store_true", help="use recorded results instead of running live")
+    cl.add_argument("--recorded", action="store_true",
+                    help="use recorded results instead of running live (the default without a GPU)")
     cl.add_argument("--json", action="store_true", help="print a JSON list of claim results")
     cl.add_argument("--chapter", type=int, choices=range(1, 5))
     cl.add_argument("--strict", action="store_true", help="exit 1 unless every claim holds")
@@ -90,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, LookupError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `... | head` closed the pipe: not an error of ours
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

@@ -66,7 +66,7 @@ def stamp(fig: Figure, source: Any) -> Figure:
     else:
         results = list(source) if isinstance(source, (list, tuple)) else [source]
         lines = list(dict.fromkeys(r.caption() for r in results))
-    fig.text(0.0, 0.0, "\n".join(lines), ha="left", va="top", fontsize=7, color="#555555",
+    fig.text(0.0, 0.0, "\n".join(lines), ha="left", va="top", fontsize=8, color="#555555",
              transform=fig.transFigure, wrap=True)
     return fig
 
@@ -169,7 +169,9 @@ def segment_map(
 def _size_label(nbytes: int) -> str:
     if nbytes >= MiB:
         v = nbytes / MiB
-        return f"{v:.0f} MiB" if v >= 10 or v.is_integer() else f"{v:.2g} MiB"
+        if v.is_integer():
+            return f"{v:.0f} MiB"
+        return f"{v:.1f} MiB" if v >= 10 else f"{v:.2g} MiB"  # 18.5 MiB stays 18.5, not 18
     if nbytes >= 1024:
         return f"{nbytes / 1024:.0f} KiB"
     return f"{nbytes} B"

@@ -17,6 +17,7 @@ import time
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from . import store
+from .text import close_names, number
 from .device import Provenance, collect_provenance, has_cuda, in_colab, require_cuda, COLAB_SWITCH_HINT
 
 MODES = ("auto", "live", "recorded")
@@ -69,8 +70,8 @@ class Param:
             return "one of " + ", ".join(repr(c) for c in self.choices)
         if self.kind == "bool":
             return "True or False"
-        lo = "-inf" if self.min is None else f"{self.min:g}"
-        hi = "inf" if self.max is None else f"{self.max:g}"
+        lo = "-inf" if self.min is None else number(self.min)
+        hi = "inf" if self.max is None else number(self.max)
         return f"a{'n integer' if self.kind == 'int' else ' number'} in [{lo}, {hi}]{unit}"
 
     def validate(self, value: Any) -> Any:
@@ -132,7 +133,8 @@ class Experiment:
         known = [p.name for p in self.params]
         unknown = [k for k in params if k not in known]
         if unknown:
-            raise ValueError(f"{self.id} has no parameter {unknown[0]!r}; its parameters are {known}")
+            raise ValueError(f"{self.id} has no parameter {unknown[0]!r}{close_names(unknown[0], known)}; "
+                             f"its parameters are {known}")
         out = {}
         for p in self.params:
             out[p.name] = p.validate(params[p.name]) if p.name in params else p.default
@@ -209,7 +211,8 @@ def get(exp_id: str) -> Experiment:
     try:
         return _REGISTRY[exp_id]
     except KeyError:
-        raise ValueError(f"unknown experiment {exp_id!r}; known: {sorted(_REGISTRY)}") from None
+        raise ValueError(f"unknown experiment {exp_id!r}{close_names(exp_id, _REGISTRY)}; "
+                         f"known: {sorted(_REGISTRY)}") from None
 
 
 def all_experiments(chapter: int | None = None) -> list[Experiment]:
@@ -362,7 +365,11 @@ def status() -> "Any":
     """Display :func:`status_text` as a coloured note (or print it outside IPython)."""
     text = status_text()
     try:
+        from IPython import get_ipython
         from IPython.display import HTML, display
+
+        if get_ipython() is None:  # a plain Python prompt or script: HTML would print as an object
+            raise ImportError
 
         import re
 

@@ -24,7 +24,7 @@ FEATURES = {
     "torch.cuda.MemPool / use_mem_pool": lambda: hasattr(torch.cuda, "MemPool") and hasattr(torch.cuda, "use_mem_pool"),
     "torch.cuda.graph_pool_handle (shared graph pools)": lambda: hasattr(torch.cuda, "graph_pool_handle"),
     "torch.cuda.host_memory_stats (pinned allocator)": lambda: hasattr(torch.cuda, "host_memory_stats"),
-    "torch._C._host_emptyCache (2.5+)": lambda: hasattr(torch._C, "_host_emptyCache"),
+    "torch._C._host_emptyCache (2.5-2.11; later torch has the public call below)": lambda: hasattr(torch._C, "_host_emptyCache"),
     "torch.accelerator.empty_host_cache (2.12+)": lambda: hasattr(getattr(torch, "accelerator", None), "empty_host_cache"),
     "torch.cuda.set_sync_debug_mode": lambda: hasattr(torch.cuda, "set_sync_debug_mode"),
     "torch.OutOfMemoryError": lambda: hasattr(torch, "OutOfMemoryError"),

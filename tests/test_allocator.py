@@ -272,8 +272,13 @@ def test_parameters_are_validated_before_any_gpu_work():
         registry.run("alloc.timeline", small_mib=12)
     with pytest.raises(ValueError, match="expandable must be True or False"):
         registry.run("alloc.graph_pools", expandable="yes")
-    with pytest.raises(ValueError, match="has no parameter 'cap_mib'"):
-        registry.run("alloc.fragmentation_oom", cap_mib=512)
+    allowed = ", ".join(str(c) for c in allocator.OOM_CAP_CHOICES)
+    with pytest.raises(ValueError, match=f"cap_mib must be one of {allowed}, got 320"):
+        registry.run("alloc.fragmentation_oom", cap_mib=320)
+    with pytest.raises(ValueError, match=f"cap_mib must be one of {allowed}, got 1024"):
+        allocator.fragmentation_oom(cap_mib=1024)          # called directly: still before any GPU work
+    with pytest.raises(ValueError, match="cap_mib must be one of"):
+        allocator.predict_oom(cap_mib=300)
     with pytest.raises(ValueError, match="pattern must be one of"):
         allocator.oom_ops("scatter")
     with pytest.raises(ValueError, match="order must be one of"):
@@ -286,7 +291,7 @@ def test_parameters_are_validated_before_any_gpu_work():
 
 def test_every_grid_fits_the_time_budget_shape():
     grids = {e.id: len(e.grid) for e in registry.all_experiments(1)}
-    assert grids == {"alloc.request_table": 1, "alloc.anatomy": 16, "alloc.timeline": 4, "alloc.fragmentation_oom": 2,
+    assert grids == {"alloc.request_table": 1, "alloc.anatomy": 16, "alloc.timeline": 4, "alloc.fragmentation_oom": 6,
                      "alloc.graph_pools": 2, "alloc.pool_boundary": 2, "alloc.knobs": 1}
 
 
@@ -300,8 +305,10 @@ def record_chapter(fresh):
 
 def test_recording_the_chapter_takes_five_fresh_processes(fake_gpu):
     """The time budget: a fresh process costs 3-5 s on the lab GPU, so the chapter uses one per
-    allocator setting (default, expandable, and one per knob), not one per grid point."""
-    record_chapter(fake_gpu)
+    allocator setting (default, expandable, and one per knob), not one per grid point (nor per memory cap)."""
+    recorded = record_chapter(fake_gpu)
+    caps = [(d["cap_mib"], d["cap_bytes"]) for d in recorded["alloc.fragmentation_oom"]]
+    assert caps == [(pt["cap_mib"], pt["cap_mib"] * MiB) for pt in registry.get("alloc.fragmentation_oom").grid]
     targets = [(target, str(settings or ""), cap) for target, settings, cap in fake_gpu.calls]
     assert sorted(targets) == sorted([
         ("shared_worker", "", None), ("shared_worker", "{'expandable_segments': True}", None),
@@ -324,8 +331,14 @@ def test_a_shared_result_is_handed_out_once_and_not_for_long(fake_gpu, monkeypat
 
 def test_shared_jobs_cover_every_setting_free_measurement():
     jobs = allocator.shared_jobs("default")
-    assert set(jobs) == {"timeline_8", "timeline_16", "pool_boundary", "fragmentation_oom", "knobs", "graph_pools"}
+    other_caps = [c for c in allocator.OOM_CAP_CHOICES if c != allocator.OOM_CAP_MIB]
+    assert set(jobs) == {"timeline_8", "timeline_16", "pool_boundary", "fragmentation_oom", "knobs", "graph_pools",
+                         *(f"fragmentation_oom_{c}" for c in other_caps)}
     assert jobs["fragmentation_oom"]["cap_mib"] == allocator.OOM_CAP_MIB and jobs["knobs"]["cap_mib"] == allocator.KNOB_CAP_MIB
+    assert [allocator.oom_job(c) for c in allocator.OOM_CAP_CHOICES] == [
+        "fragmentation_oom" if c == allocator.OOM_CAP_MIB else f"fragmentation_oom_{c}" for c in allocator.OOM_CAP_CHOICES]
+    for c in other_caps:   # the same patterns, only the cap differs
+        assert jobs[allocator.oom_job(c)] == {**jobs["fragmentation_oom"], "cap_mib": c}
     assert "cap_mib" not in jobs["timeline_16"] and jobs["graph_pools"]["graph_pools"]["autograd"] is True
     assert jobs["timeline_16"]["sequences"]["small_first"] == allocator.normalize_ops(allocator.timeline_ops("small_first", 16))
     assert allocator.shared_jobs("expandable") == jobs   # the same work; the setting is the process's
@@ -418,6 +431,77 @@ def test_fragmentation_oom_data_and_claim(fake_gpu):
     assert not allocator._claim_fragmentation_oom(data)[0]
     exp = validated("alloc.fragmentation_oom", allocator.fragmentation_oom(expandable=True))
     assert {k: p["oom"] for k, p in exp["patterns"].items()} == {"shrink": False, "interleave": True, "grouped": False}
+    assert data["cap_mib"] == allocator.OOM_CAP_MIB == 384 and claims.get_claim("alloc.fragmentation_oom").params == {
+        "cap_mib": 384, "expandable": False}
+    assert all(p["reached_request"] and p["predicted_reached_request"] for p in data["patterns"].values())
+    assert inter["failed_request_bytes"] == 64 * MiB and inter["failed_label"] == "alloc request (64 MiB) → OOM"
+    early = copy.deepcopy(data)                   # a failure in phase 1 is not the claim's failure
+    early["patterns"]["interleave"]["reached_request"] = False
+    assert not allocator._claim_fragmentation_oom(early)[0]
+
+
+def test_the_default_cap_is_the_point_measured_before_caps_were_a_parameter(fake_gpu):
+    """cap_mib=384 runs the same job as before (the shared 'fragmentation_oom') and gives the same data."""
+    default = validated("alloc.fragmentation_oom", allocator.fragmentation_oom())
+    explicit = validated("alloc.fragmentation_oom", allocator.fragmentation_oom(cap_mib=allocator.OOM_CAP_MIB))
+    assert default == explicit and default["cap_bytes"] == allocator.OOM_CAP_MIB * MiB
+    measured = {n: model_run(allocator.oom_ops(n), cap_mib=allocator.OOM_CAP_MIB) for n in allocator.OOM_PATTERNS}
+    assert allocator._oom_data(store.to_jsonable(measured), expandable=False) == default
+
+
+@pytest.mark.parametrize("expandable", [False, True])
+def test_fragmentation_oom_under_each_cap(fake_gpu, expandable):
+    """The lesson of the cap: below the first phase's 352 MiB every pattern fails in phase 1 with nothing cached;
+    at the default cap the fragmented patterns fail on the request; at the largest cap every request fits."""
+    smallest, largest = min(allocator.OOM_CAP_CHOICES), max(allocator.OOM_CAP_CHOICES)
+    phase1 = allocator.OOM_FILL_COUNT * allocator.OOM_FILL_MIB
+    assert smallest < phase1 < allocator.OOM_CAP_MIB < phase1 + allocator.OOM_REQUEST_MIB <= largest
+    outcomes = {}
+    for cap in allocator.OOM_CAP_CHOICES:
+        d = validated("alloc.fragmentation_oom", allocator.fragmentation_oom(cap_mib=cap, expandable=expandable))
+        assert (d["cap_mib"], d["cap_bytes"]) == (cap, cap * MiB)
+        for name, p in d["patterns"].items():
+            assert (p["oom"], p["oom_step"]) == (p["predicted_oom"], p["predicted_oom_step"]), (cap, name)
+            assert p["reached_request"] == p["predicted_reached_request"], (cap, name)
+            if p["oom"]:
+                assert p["figures"]["allowed_bytes"] == cap * MiB
+                assert p["figures"]["tried_to_allocate_bytes"] == p["failed_request_bytes"]
+        outcomes[cap] = d
+    for name, p in outcomes[smallest]["patterns"].items():
+        assert p["oom"] and not p["reached_request"], name
+        assert p["failed_request_bytes"] == allocator.OOM_FILL_MIB * MiB and p["failed_label"].startswith("alloc p")
+        assert p["reserved_unallocated_at_failure_bytes"] == 0 and p["reserved_before_request_bytes"] is None
+        assert p["segments_before_request"] == [] and p["segments_after"], name
+    assert not any(p["oom"] for p in outcomes[largest]["patterns"].values())
+    at_default = outcomes[allocator.OOM_CAP_MIB]["patterns"]
+    assert at_default["interleave"]["oom"] and not at_default["grouped"]["oom"]
+    assert at_default["shrink"]["oom"] is not expandable
+    if not expandable:   # with room to spare, nothing forces the release of the segments 'grouped' frees
+        assert (outcomes[largest]["patterns"]["grouped"]["reserved_after_bytes"]
+                > at_default["grouped"]["reserved_after_bytes"])
+
+
+def test_oom_tables_and_figures_under_each_cap(fake_gpu):
+    prov = store.load("alloc.knobs").provenance
+    for cap in allocator.OOM_CAP_CHOICES:
+        data = validated("alloc.fragmentation_oom", allocator.fragmentation_oom(cap_mib=cap))
+        r = Result("alloc.fragmentation_oom", {"cap_mib": cap, "expandable": False}, data, prov, "live", 0.0)
+        early = not data["patterns"]["interleave"]["reached_request"]
+        fig = allocator.plot_fragmentation_oom(r)
+        assert f"cap {cap} MiB" in fig._suptitle.get_text() and ("phase 1" in fig._suptitle.get_text()) is early
+        labels = [t.get_text() for t in fig.axes[1].texts]
+        assert labels == [("OOM (phase 1)" if not p["reached_request"] else "OOM") if p["oom"] else "fits"
+                          for p in (data["patterns"][n] for n in ("shrink", "interleave", "grouped"))]
+        assert len(bars(fig.axes[1])) == 6 and len(fig.axes[1].collections) == 1    # bars and the end marks
+        assert max(fig.axes[1].get_ylim()) > cap
+        table = allocator.oom_table(r)
+        assert ("out of memory in phase 1" in str(table)) is early and f"Memory cap {cap} MiB" in table.caption
+        assert [row[1] for row in table.rows] == [row[2] for row in table.rows]    # measured as the model says
+        if early:
+            assert "32.00 MiB" in str(allocator.oom_figures_table(r, "interleave"))
+        if cap != allocator.OOM_CAP_MIB:    # the exercise reads the error under the default cap only
+            with pytest.raises(ValueError, match=f"cap_mib={allocator.OOM_CAP_MIB}"):
+                allocator.check_oom_reading(176, "group", result=r)
 
 
 def test_oom_message_that_cannot_be_parsed_is_kept():
@@ -564,7 +648,7 @@ def test_figures_have_the_expected_artists(lab):
     assert f"{ends['small_first']} MiB reserved" in fig.axes[0].get_title()
     assert f"{ends['large_first']} MiB reserved" in fig.axes[1].get_title()
 
-    oom = lab("alloc.fragmentation_oom", expandable=False)
+    oom = lab("alloc.fragmentation_oom", cap_mib=allocator.OOM_CAP_MIB, expandable=False)
     fig = allocator.plot_fragmentation_oom(oom, pattern="interleave")
     segments = oom.data["patterns"]["interleave"]["segments_after"]
     assert len(bars(fig.axes[0])) == sum(len(s["blocks"]) for s in segments) and len(bars(fig.axes[1])) == 6
@@ -632,6 +716,19 @@ def test_panels_build_in_recorded_mode(lab):
         assert [c.description.split(" ")[0] for c in controls] == [p.name for p in registry.get(exp_id).params]
     sizes = panel("alloc.anatomy", allocator.plot_anatomy).children[1].children[0]
     assert option_values(sizes) == sorted(allocator.ANATOMY_SIZES)
+
+
+def test_the_cap_panel_offers_the_recorded_grid(lab):
+    """The notebook's panel: every cap and both settings, as recorded on the lab GPU."""
+    from experiments import panel
+
+    box = panel("alloc.fragmentation_oom", allocator.plot_fragmentation_oom, params=["cap_mib", "expandable"])
+    caps, expandable = box.children[1].children
+    assert option_values(caps) == list(allocator.OOM_CAP_CHOICES) and caps.value == allocator.OOM_CAP_MIB
+    assert option_values(expandable) == [False, True]
+    for cap in allocator.OOM_CAP_CHOICES:
+        caps.value = cap
+        assert "not recorded" not in str(box.children[-1].outputs), cap
 
 
 # --------------------------------------------------------------------------- exercises
@@ -755,10 +852,12 @@ def test_lab_recording_agrees_with_the_model(lab):
                 assert o["expandable_in_effect"] is expandable, (small_mib, expandable, order)
                 assert o["reserved_bytes"] == o["predicted_reserved_bytes"], (small_mib, expandable, order)
                 assert o["allocated_bytes"] == o["predicted_allocated_bytes"], (small_mib, expandable, order)
+    for pt in registry.get("alloc.fragmentation_oom").grid:
+        for name, p in lab("alloc.fragmentation_oom", **pt).data["patterns"].items():
+            assert p["expandable_in_effect"] is pt["expandable"], (pt, name)
+            assert (p["oom"], p["oom_step"]) == (p["predicted_oom"], p["predicted_oom_step"]), (pt, name)
+            assert p["reserved_after_bytes"] == p["predicted_reserved_after_bytes"], (pt, name)
     for expandable in (False, True):
-        for name, p in lab("alloc.fragmentation_oom", expandable=expandable).data["patterns"].items():
-            assert p["oom"] == p["predicted_oom"], (expandable, name)
-            assert p["reserved_after_bytes"] == p["predicted_reserved_after_bytes"], (expandable, name)
         sw = lab("alloc.pool_boundary", expandable=expandable).data["sweep"]
         assert sw["reserved_bytes"] == sw["predicted_reserved_bytes"], expandable
     for name, k in lab("alloc.knobs").data["knobs"].items():
@@ -795,14 +894,15 @@ def test_lab_recording_shows_the_posts_numbers(lab):
 
 
 def test_lab_oom_message_reads_back(lab):
-    for expandable in (False, True):
-        for name, p in lab("alloc.fragmentation_oom", expandable=expandable).data["patterns"].items():
+    for pt in registry.get("alloc.fragmentation_oom").grid:
+        d = lab("alloc.fragmentation_oom", **pt).data
+        for name, p in d["patterns"].items():
             if not p["oom"]:
                 continue
             f = parse_oom_message(p["message"])
-            assert f["tried_to_allocate_bytes"] == p["request_bytes"], name
+            assert f["tried_to_allocate_bytes"] == p["failed_request_bytes"], (pt, name)
             assert abs(f["reserved_unallocated_bytes"] - p["reserved_unallocated_at_failure_bytes"]) <= 64 * 1024, name
-            assert abs(f["allowed_bytes"] - allocator.OOM_CAP_MIB * MiB) <= MiB, name
+            assert abs(f["allowed_bytes"] - pt["cap_mib"] * MiB) <= MiB, (pt, name)
             if "this process has" in p["message"]:
                 own = re.search(r"this process has ([\d.]+) MiB", p["message"]).group(1)
                 assert f["process_in_use_bytes"] == round(float(own) * MiB), name

@@ -248,6 +248,40 @@ def test_simulate_stops_at_the_first_oom_with_a_snapshot():
     assert r["oom"]["reserved_unallocated_bytes"] == 0
 
 
+@pytest.mark.parametrize("expandable", [False, True])
+def test_each_cap_of_the_fragmentation_experiment_is_clear_of_a_threshold(expandable):
+    """alloc.fragmentation_oom sets its cap as a fraction of the GPU's memory; the model must predict the same
+    outcome (which operation fails, if any) a few MiB either side of each cap it offers."""
+    from experiments.allocator_workloads import OOM_CAP_CHOICES, OOM_PATTERNS, oom_ops
+
+    def outcomes(cap_bytes):
+        runs = {p: simulate(oom_ops(p), EXP if expandable else None, cap_bytes=cap_bytes) for p in OOM_PATTERNS}
+        return {p: r["oom"] and r["oom"]["step"] for p, r in runs.items()}
+
+    for cap in OOM_CAP_CHOICES:
+        expected = outcomes(cap * MiB)
+        for delta in (-4 * MiB, -1, 1, 4 * MiB):
+            assert outcomes(cap * MiB + delta) == expected, (cap, delta)
+
+
+def test_the_fragmentation_caps_cover_three_outcomes():
+    """Below the first phase every pattern fails there; at the default cap the fragmented patterns fail on the
+    64 MiB request and 'grouped' fits; at the largest cap everything fits."""
+    from experiments.allocator_workloads import (
+        OOM_CAP_CHOICES, OOM_CAP_MIB, OOM_FILL_COUNT, OOM_PATTERNS, OOM_REQUEST_MIB, oom_ops,
+    )
+
+    request_step = {p: sum(op[0] != "snapshot" for op in oom_ops(p)) - 1 for p in OOM_PATTERNS}
+    for settings in (None, EXP):
+        failed = {cap: {p: (r["oom"] or {}).get("step") for p in OOM_PATTERNS
+                        for r in [simulate(oom_ops(p), settings, cap_bytes=cap * MiB)]} for cap in OOM_CAP_CHOICES}
+        assert failed[min(OOM_CAP_CHOICES)] == dict.fromkeys(OOM_PATTERNS, OOM_FILL_COUNT - 1), settings
+        assert failed[OOM_CAP_MIB]["interleave"] == request_step["interleave"] and failed[OOM_CAP_MIB]["grouped"] is None
+        assert failed[max(OOM_CAP_CHOICES)] == dict.fromkeys(OOM_PATTERNS), settings
+    shrink = simulate(oom_ops("shrink"), cap_bytes=OOM_CAP_MIB * MiB)["oom"]
+    assert shrink["request_bytes"] == OOM_REQUEST_MIB * MiB and shrink["reserved_unallocated_bytes"] == 88 * MiB
+
+
 # --------------------------------------------------------------------------- operations and sizes
 
 @pytest.mark.parametrize("text, nbytes", [("16 MiB", 16 * MiB), ("1.5MiB", 3 * MiB // 2), ("512 KiB", 512 * KiB),

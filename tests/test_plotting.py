@@ -77,3 +77,10 @@ def test_stamp_writes_the_provenance():
     fig, _ = plotting.new_figure()
     plotting.stamp(fig, "Recorded on NVIDIA H200")
     assert fig.texts[-1].get_text() == "Recorded on NVIDIA H200"
+
+
+def test_size_labels_keep_halves():
+    from experiments.plotting import _size_label
+
+    assert [_size_label(b) for b in (18.5 * MiB, 20 * MiB, 1.5 * MiB, 1.902 * MiB, 100 * 1024, 512)] == [
+        "18.5 MiB", "20 MiB", "1.5 MiB", "1.9 MiB", "100 KiB", "512 B"]

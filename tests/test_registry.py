@@ -160,3 +160,15 @@ def test_run_live_on_gpu_has_live_provenance():
     assert r.mode == "live" and r.caption().startswith("Measured live on")
     assert r["cuda_events_ms"]["median"] == pytest.approx(5.0, rel=0.2)
     assert r["host_no_sync_ms"]["median"] < 1.0
+
+
+def test_messages_suggest_near_misses_and_read_well():
+    from experiments.text import close_names, number
+
+    assert close_names("streams.pipelin", ["streams.pipeline", "streams.runahead"]) == " (did you mean 'streams.pipeline'?)"
+    assert close_names("zzz", ["streams.pipeline"]) == ""
+    assert [number(x) for x in (1024, 536870912.0, 0.5, 20.0)] == ["1024", "536,870,912", "0.5", "20"]
+    with pytest.raises(ValueError, match=r"did you mean 'core.sleep_clock'"):
+        registry.get("core.sleep_clok")
+    with pytest.raises(ValueError, match=r"\[1, 536,870,912\] B"):
+        Param("size_bytes", 1024, min=1, max=2**29, unit="B").validate(-1)

@@ -68,7 +68,7 @@ def test_claims_are_evaluated_on_recorded_data(toy_claims):
     assert missing.holds is None and "test.missing" in missing.error
     table = claims.ClaimsTable([r, missing])
     assert "holds" in str(table) and "not measured" in str(table)
-    assert "<table>" in table._repr_html_() and "example.invalid" in table._repr_html_()
+    assert "<table" in table._repr_html_() and "example.invalid" in table._repr_html_()
 
 
 def test_claim_ids_are_unique(toy_claims):
@@ -102,3 +102,12 @@ def test_cli_list_and_record_without_gpu():
     bad = subprocess.run([sys.executable, "-m", "experiments", "record", "--experiment", "core.nope"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "unknown experiment" in bad.stderr
+
+
+def test_claims_table_summarises(toy_claims):
+    good = claims.evaluate(claims.get_claim("test.bounded"), mode="recorded")
+    missing = claims.evaluate(claims.get_claim("test.unmeasured"), mode="recorded")
+    table = claims.ClaimsTable([good, missing])
+    assert table.summary() == "1 of 2 claims hold; 1 not measured."
+    assert str(table).startswith("1 of 2 claims hold")
+    assert "recorded · NVIDIA H200 · torch 2.11.0+cu130 · 2026-11-30" in table._repr_html_()

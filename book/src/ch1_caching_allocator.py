@@ -231,6 +231,20 @@ al.plot_fragmentation_oom(oom, pattern="interleave")
 # request fits. *Shrink* fails for the same reason as *interleave*: each 8 MiB tail is
 # stuck in a segment with a live tensor.
 #
+# The cap decides when fragmentation turns into an error. In the panel below, change
+# `cap_mib` and predict each outcome before you look. At 336 MiB even the first phase
+# (eleven 32 MiB segments, 352 MiB) does not fit: the eleventh tensor fails in every
+# pattern with nothing reserved but unallocated, a plain out-of-memory error rather than
+# fragmentation. At 512 MiB every request fits: the fragmented segments stay, and with
+# default settings the allocator simply adds a 64 MiB segment next to them, so reserved
+# memory ends at 416 MiB in all three patterns (the black marks), even in *grouped*,
+# which under 384 MiB had to release its free segments. Switch `expandable` on too: only
+# at 384 MiB does the setting change whether a request fits.
+
+# %%
+ex.panel("alloc.fragmentation_oom", al.plot_fragmentation_oom, params=["cap_mib", "expandable"])
+
+# %% [markdown]
 # Here is the message PyTorch raised for *interleave*, and the figures in it:
 
 # %%
