@@ -91,6 +91,10 @@ def check_choice(answer: Any, correct: Any, *, explanations: Mapping[Any, str], 
         raise ValueError(f"the correct option {correct!r} has no explanation")
     if answer is None:
         return unanswered(f"one of {list(explanations)} as {name}")
+    if isinstance(answer, str) and answer not in explanations:
+        # 'B' or ' b ' for option 'b': a reader's typing, not a wrong answer
+        folded = {str(k).lower(): k for k in explanations}
+        answer = folded.get(answer.strip().lower(), answer)
     if answer not in explanations:
         return Feedback(False, f"{answer!r} is not an option; choose one of {list(explanations)}.")
     return Feedback(answer == correct, explanations[answer], {"answer": answer, "correct": correct})

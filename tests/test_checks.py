@@ -21,6 +21,8 @@ def test_check_choice():
     assert fb.correct is False and "per stream" in fb.message
     assert checks.check_choice("z", "a", explanations=expl).correct is False
     assert checks.check_choice(None, "a", explanations=expl).correct is None
+    assert checks.check_choice(" A ", "a", explanations=expl).correct is True
+    assert checks.check_choice("B", "a", explanations=expl).message == "no: the pool is per stream"
 
 
 def test_combine_and_display():
