@@ -490,9 +490,9 @@ def fragmentation_oom(cap_mib: int = OOM_CAP_MIB, expandable: bool = False) -> d
     Returns:
         cap_bytes, cap_mib, request_bytes and patterns: per pattern, oom (bool),
         predicted_oom (the model), reached_request and predicted_reached_request (whether
-        the 64 MiB request was made),
-        oom_step and predicted_oom_step (index of the failed operation, or None),
-        failed_label and failed_request_bytes (the operation that failed), message,
+        the 64 MiB request was made), oom_step and predicted_oom_step (index of the
+        failed operation, or None), failed_label and failed_request_bytes (the operation
+        that failed), message,
         figures (:func:`parse_oom_message`, or None), the reserved and allocated bytes
         before the request (None if it was not reached) and at the failure,
         reserved_unallocated_at_failure_bytes, the layouts before and after the request

@@ -114,7 +114,7 @@ def check_reserved_function(fn: Callable[[int, float], float] | None, *, expanda
         expandable: check the expandable-segments rule (pages) or the classic one (segments).
     """
     if fn is None:
-        return unanswered("a function reserved(k, s) -> MiB")
+        return unanswered("your function mapped (or classic): (k, s in MiB) -> reserved MiB")
     if not callable(fn):
         return Feedback(False, f"pass a function of (k, s), got {type(fn).__name__}")
     cases = _reserved_cases()

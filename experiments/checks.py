@@ -95,7 +95,11 @@ def check_choice(answer: Any, correct: Any, *, explanations: Mapping[Any, str], 
         # 'B' or ' b ' for option 'b': a reader's typing, not a wrong answer
         folded = {str(k).lower(): k for k in explanations}
         answer = folded.get(answer.strip().lower(), answer)
-    if answer not in explanations:
+    try:
+        known = answer in explanations
+    except TypeError:  # a list or dict cannot be an option
+        known = False
+    if not known:
         return Feedback(False, f"{answer!r} is not an option; choose one of {list(explanations)}.")
     return Feedback(answer == correct, explanations[answer], {"answer": answer, "correct": correct})
 

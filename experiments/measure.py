@@ -69,7 +69,7 @@ def time_gpu(fn: Callable[[], Any], *, warmup: int = 3, repeats: int = 10) -> St
     """GPU time of ``fn`` on the current stream, in ms, from CUDA events around each call.
 
     ``fn`` is called ``warmup`` times untimed, then ``repeats`` times timed; the device
-    is synchronised before the first timed call and after the last.
+    is synchronized before the first timed call and after the last.
 
     Raises:
         ValueError: warmup < 0 or repeats < 1. NoGPUError: no GPU.
@@ -95,7 +95,7 @@ def time_host(fn: Callable[[], Any], *, warmup: int = 1, repeats: int = 5,
     """How long the host is blocked inside ``fn``, in ms (``time.perf_counter``).
 
     ``setup`` runs before each call, untimed (for example, queue GPU work so that a
-    syncing call has something to wait for). The device is synchronised after each
+    syncing call has something to wait for). The device is synchronized after each
     call so calls do not overlap.
     """
     _check_counts(warmup, repeats)

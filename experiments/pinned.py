@@ -130,7 +130,7 @@ BANDWIDTH_SIZES = tuple(4 * KiB * 4**i for i in range(10))  # 4 KiB, 16 KiB, ...
 def bandwidth(direction: str = "htod", max_mib: int = 1024, repeats: int = 5) -> dict[str, Any]:
     """Achieved copy bandwidth for sizes from 4 KiB to ``max_mib``, pageable against pinned.
 
-    A pageable copy is the plain blocking ``copy_`` (PyTorch copies and then synchronises);
+    A pageable copy is the plain blocking ``copy_`` (PyTorch copies and then synchronizes);
     a pinned copy uses ``non_blocking=True``. Each size is timed with CUDA events around
     the copy (median of ``repeats`` after one warm-up).
 
@@ -186,8 +186,8 @@ def _claim_bandwidth(d: Mapping[str, Any]) -> tuple[bool, dict[str, Any]]:
         return False, {"note": "no copy of 256 MiB or more was measured"}
     ratios = [pin / page for _, pin, page in rows]
     return all(r >= 1.5 for r in ratios), {
-        "sizes_mib": [n // MiB for n, _, _ in rows], "pinned_gbps": [pin for _, pin, _ in rows],
-        "pageable_gbps": [page for _, _, page in rows], "pinned_over_pageable": ratios,
+        "copy sizes (MiB)": [n // MiB for n, _, _ in rows], "pinned (GB/s)": [pin for _, pin, _ in rows],
+        "pageable (GB/s)": [page for _, _, page in rows], "pinned / pageable": ratios,
     }
 
 
@@ -223,7 +223,7 @@ def async_copy(size_kib: int = 65536, direction: str = "htod", work_ms: float = 
 
     Four variants: pageable or pinned host buffer, ``non_blocking`` True or False. For each
     repeat: record an event, queue ``gpu_sleep(work_ms)``, record an event, time the copy
-    call with ``perf_counter`` (the host-blocked time), record an event, synchronise.
+    call with ``perf_counter`` (the host-blocked time), record an event, synchronize.
 
     Returns:
         ``variants``: one dict per variant with ``host`` ('pageable' or 'pinned'),
@@ -306,9 +306,9 @@ def _claim_async_returns(d: Mapping[str, Any]) -> tuple[bool, dict[str, Any]]:
     pin_frac = pin["host_blocked_ms"]["median"] / pin["queued_gpu_ms"]
     page_frac = page["host_blocked_ms"]["median"] / page["queued_gpu_ms"]
     return pin_frac < 0.1 and page_frac >= 0.5, {
-        "queued_gpu_ms": pin["queued_gpu_ms"], "pinned_blocked_ms": pin["host_blocked_ms"]["median"],
-        "pageable_blocked_ms": page["host_blocked_ms"]["median"],
-        "pinned_fraction": pin_frac, "pageable_fraction": page_frac,
+        "GPU work queued (ms)": pin["queued_gpu_ms"], "pinned: host blocked (ms)": pin["host_blocked_ms"]["median"],
+        "pageable: host blocked (ms)": page["host_blocked_ms"]["median"],
+        "pinned: blocked / queued": pin_frac, "pageable: blocked / queued": page_frac,
     }
 
 
@@ -427,8 +427,8 @@ def _strategy(d: Mapping[str, Any], name: str) -> Mapping[str, Any]:
 def _claim_overwrite_race(d: Mapping[str, Any]) -> tuple[bool, dict[str, Any]]:
     race = _strategy(d, "race")
     worst = min(race["wrong_elements"])
-    return worst > 0, {"n_elements": d["n_elements"], "wrong_elements_min": worst,
-                       "wrong_fraction_min": worst / d["n_elements"]}
+    return worst > 0, {"elements copied": d["n_elements"], "wrong elements (fewest in a run)": worst,
+                       "wrong fraction (fewest in a run)": worst / d["n_elements"]}
 
 
 # ================================================================ 4. del is safe
@@ -455,7 +455,7 @@ def _claim_overwrite_race(d: Mapping[str, Any]) -> tuple[bool, dict[str, Any]]:
 def del_is_safe(size_mib: int = 16, work_ms: float = 50.0) -> dict[str, Any]:
     """Queue an HtoD copy of pinned 1.0s behind ``work_ms``, ``del`` the source at once, allocate
     a same-size pinned tensor and fill it with 5.0 while the copy is pending; then
-    synchronise and allocate once more.
+    synchronize and allocate once more.
 
     Returns:
         ``wrong_elements`` (device elements not 1.0), ``copy_pending_at_realloc`` (the copy
@@ -519,9 +519,10 @@ def _claim_del_is_safe(d: Mapping[str, Any]) -> tuple[bool, dict[str, Any]]:
     holds = (d["wrong_elements"] == 0 and d["copy_pending_at_realloc"] and not d["reused_while_pending"])
     if d["cache_emptied_first"]:
         holds = holds and d["reused_after_completion"]  # the block does come back once its copy is done
-    return holds, {"wrong_elements": d["wrong_elements"], "copy_pending_at_realloc": d["copy_pending_at_realloc"],
-                   "reused_while_pending": d["reused_while_pending"],
-                   "reused_after_completion": d["reused_after_completion"]}
+    return holds, {"wrong elements": d["wrong_elements"],
+                   "copy still pending at the new allocation": d["copy_pending_at_realloc"],
+                   "block handed out again while pending": d["reused_while_pending"],
+                   "block reused after the copy ran": d["reused_after_completion"]}
 
 
 # ================================================================ 5. power-of-two rounding
@@ -578,8 +579,8 @@ def _claim_pow2(d: Mapping[str, Any]) -> tuple[bool, dict[str, Any]]:
     rows = [(r, o, e) for r, o, e, nb in zip(d["requests_bytes"], d["owned_bytes"], d["expected_bytes"],
                                               d["new_blocks"]) if nb == 1]
     holds = len(rows) >= 5 and all(o == e for _, o, e in rows)
-    return holds, {"requests_bytes": [r for r, _, _ in rows], "owned_bytes": [o for _, o, _ in rows],
-                   "fresh_blocks": len(rows)}
+    return holds, {"requests (bytes)": [r for r, _, _ in rows], "blocks pinned (bytes)": [o for _, o, _ in rows],
+                   "fresh blocks": len(rows)}
 
 
 # ================================================================ 6. lifecycle of the host cache
@@ -837,9 +838,10 @@ def _claim_graph(d: Mapping[str, Any]) -> tuple[bool, dict[str, Any]]:
     n = d["n_elements"]
     holds = (d["in_place"]["device_equal"] == n and d["rebound"]["device_equal_old"] == n
              and d["rebound"]["device_equal_new"] == 0)
-    return holds, {"n_elements": n, "in_place_equal": d["in_place"]["device_equal"],
-                   "after_rebinding_equal_old": d["rebound"]["device_equal_old"],
-                   "after_rebinding_equal_new": d["rebound"]["device_equal_new"]}
+    return holds, {"elements": n,
+                   "after the in-place fill_: elements with the filled value": d["in_place"]["device_equal"],
+                   "after rebinding: elements with the captured buffer's value": d["rebound"]["device_equal_old"],
+                   "after rebinding: elements with the new tensor's value": d["rebound"]["device_equal_new"]}
 
 
 # ================================================================ 9. double buffering

@@ -34,9 +34,11 @@ def check_owned_prediction(after_e: Any, after_device_empty_cache: Any) -> Feedb
         after_e: owned MiB right after ``e = pin 3 MiB``.
         after_device_empty_cache: owned MiB right after ``torch.cuda.empty_cache()``.
     """
+    if after_e is None or after_device_empty_cache is None:
+        return unanswered("a number of MiB in after_e and in after_device_empty_cache")
     want = owned_answers_mib()
     part1 = check_number(
-        after_e, want["after_e"], name="owned MiB after e = pin 3 MiB", unit="MiB", abs_tol=0.01,
+        after_e, want["after_e"], name="the memory owned right after e is pinned", unit="MiB", abs_tol=0.01,
         hints=[(13, "That is the sum of the live requests (3 + 5 + 2 + 3): blocks are powers of two, and the "
                     "allocator counts what it owns, not what was asked for."),
                (16, "That is the sum of every request. Round each up to a power of two first."),
@@ -46,7 +48,8 @@ def check_owned_prediction(after_e: Any, after_device_empty_cache: Any) -> Feedb
         explanation="a and b take 4 MiB blocks, c an 8 MiB block; del a caches a's block; d needs a new "
                     "2 MiB block; e reuses a's cached 4 MiB block.")
     part2 = check_number(
-        after_device_empty_cache, want["after_device_empty_cache"], name="owned MiB after torch.cuda.empty_cache()",
+        after_device_empty_cache, want["after_device_empty_cache"],
+        name="the memory owned after torch.cuda.empty_cache()",
         unit="MiB", abs_tol=0.01,
         hints=[(0, "torch.cuda.empty_cache() releases cached *device* memory only; pinned blocks need the host "
                    "allocator's own call."),
@@ -69,6 +72,10 @@ OVERWRITE_OPTIONS = {
 def check_overwrite_guard(answer: Any) -> Feedback:
     """Exercise: which call, between the copy and the host's next write into ``buf``, makes
     the write safe while blocking the host the least? (options in ``OVERWRITE_OPTIONS``)"""
+    if answer is None:
+        return unanswered('the letter of your option, "a" to "e"')
+    if not isinstance(answer, str):  # check_choice cannot look up a list or a dict
+        return Feedback(False, f'Answer with one letter in quotes, "a" to "e"; got {answer!r}.')
     return check_choice(answer, "c", name="your option", explanations={
         "a": "No: empty_cache() returns cached device blocks to the driver. It neither waits for the copy nor "
              "protects the pinned buffer.",
@@ -88,8 +95,10 @@ def check_overwrite_guard(answer: Any) -> Feedback:
 
 def check_rounding(answer_gib: Any) -> Feedback:
     """Exercise: GiB of pinned memory one ``pin_memory()`` of a 2.08 GiB tensor occupies."""
+    if answer_gib is None:
+        return unanswered("the number of GiB that each tensor locks")
     return check_number(
-        answer_gib, 4.0, name="pinned GiB for a 2.08 GiB request", unit="GiB", rel_tol=0.01,
+        answer_gib, 4.0, name="the pinned memory of a 2.08 GiB tensor", unit="GiB", rel_tol=0.01,
         hints=[(2.08, "That is the request. The host caching allocator hands out power-of-two blocks."),
                (2.0, "A block smaller than the request cannot hold it; the rounding goes up."),
                (3.0, "3 GiB is not a power of two; the next one above 2.08 is 4.")],
@@ -102,8 +111,10 @@ def check_rounding(answer_gib: Any) -> Feedback:
 def check_graph_replay(answer: Any) -> Feedback:
     """Exercise: after capture (stage = 1), ``stage.fill_(3.0)``, then
     ``stage = torch.full_like(stage, 7.0).pin_memory()``: what does the next replay deliver?"""
+    if answer is None:
+        return unanswered("the value you expect dev to hold after the replay (a number)")
     return check_number(
-        answer, 3.0, name="value the replay copies", abs_tol=1e-9,
+        answer, 3.0, name="the value the replay copies", abs_tol=1e-9,
         hints=[(7.0, "The graph does not know Python names: it copies from the address it captured, and "
                      "rebinding `stage` leaves that buffer (still holding 3) where it was."),
                (1.0, "The in-place fill_(3.0) wrote into the captured buffer itself, so replays see it.")],
@@ -215,7 +226,7 @@ def check_loader(loader: Any, *, n_buffers: int = 2, n_batches: int = 8, batch_m
         Feedback; ``correct`` None when unanswered or when no GPU is visible.
     """
     if loader is None:
-        return unanswered("your loader function")
+        return unanswered("your generator function my_loader (its name, without calling it)")
     if not callable(loader):
         return Feedback(False, f"Expected a function loader(batches, n_buffers), got {type(loader).__name__}.")
     if n_buffers < 2:

@@ -121,7 +121,7 @@ def segment_map(
     ax: Any = None,
     label_min_fraction: float = 0.08,
 ) -> Figure:
-    """One horizontal bar per segment, blocks coloured by state, sizes labelled.
+    """One horizontal bar per segment, blocks colored by state, sizes labelled.
 
     Args:
         segments: dicts with ``total_size`` (bytes), ``pool`` ('small' or 'large') and
@@ -188,7 +188,7 @@ def stream_lanes(
 
     Args:
         lanes: lane name -> intervals, each a dict with ``start_ms``, ``end_ms``,
-            optional ``label`` and ``color`` (a palette index or a colour).
+            optional ``label`` and ``color`` (a palette index or a color).
         marks: (time in ms, label) pairs drawn as vertical lines (e.g. a free).
 
     Raises:

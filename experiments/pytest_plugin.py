@@ -1,4 +1,4 @@
-"""A pytest plugin that fails tests whose code synchronises host and GPU.
+"""A pytest plugin that fails tests whose code synchronizes host and GPU.
 
 Enable it in your ``conftest.py`` (the top-level one)::
 
@@ -38,7 +38,7 @@ import pytest
 from .device import has_cuda
 from .sync_detector import SyncDetector, SyncError, no_gpu_message
 
-MARKER_HELP = ("no_syncs(**options): fail the test if its body synchronises host and GPU "
+MARKER_HELP = ("no_syncs(**options): fail the test if its body synchronizes host and GPU "
                "(options of experiments.sync_detector.SyncDetector; needs a CUDA GPU, else skipped)")
 
 

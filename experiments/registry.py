@@ -362,7 +362,7 @@ def status_text() -> str:
 
 
 def status() -> "Any":
-    """Display :func:`status_text` as a coloured note (or print it outside IPython)."""
+    """Display :func:`status_text` as a colored note (or print it outside IPython)."""
     text = status_text()
     try:
         from IPython import get_ipython

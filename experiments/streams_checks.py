@@ -52,9 +52,12 @@ def check_block_predictions(answer: Mapping[str, int] | None, result: Result | N
     (it depends on timing).
     """
     if answer is None:
-        return unanswered("a dict giving the number of distinct blocks for each strategy")
+        return unanswered("my_blocks (the dict in the cell, with your four numbers filled in)")
     if not isinstance(answer, Mapping) or set(answer) != set(STRATEGIES):
         return Feedback(False, f"Give a dict with exactly the keys {list(STRATEGIES)}, one whole number each.")
+    if any(v is None for v in answer.values()):
+        missing = ", ".join(s for s in STRATEGIES if answer[s] is None)
+        return unanswered(f"a whole number of blocks for each strategy in my_blocks (still None: {missing})")
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in answer.values()):
         return Feedback(False, "Each prediction should be a whole number of blocks.")
     d = _result("streams.strategies", result).data
@@ -76,7 +79,7 @@ def check_peak_prediction(answer_mib: float | None, result: Result | None = None
     Correct within 25 % of the measured value (``streams.runahead``, default point).
     """
     if answer_mib is None:
-        return unanswered("your predicted peak in MiB")
+        return unanswered("your predicted peak in MiB (a number)")
     d = _result("streams.runahead", result).data
     k = _point_index(d, 10.0, 5.0)
     buf = d["buffer_bytes"] / MiB
@@ -100,7 +103,7 @@ def check_allocated_peak(answer_mib: float | None, result: Result | None = None)
     Correct within 10 % (or 2 MiB) of the measured allocated peak.
     """
     if answer_mib is None:
-        return unanswered("the allocated peak in MiB")
+        return unanswered("the peak you expect max_memory_allocated() to report, in MiB")
     d = _result("streams.runahead", result).data
     k = _point_index(d, 10.0, 0.0)
     buf = d["buffer_bytes"] / MiB
@@ -120,6 +123,10 @@ def check_allocation_stream(answer: str | None) -> Feedback:
     """Exercise (multiple choice): a buffer allocated under ``torch.cuda.stream(copy_in)``
     is read on the compute stream and on an offload (copy) stream. Which stream must wait,
     before the last reference is dropped?"""
+    if answer is None:
+        return unanswered('the letter of your choice: "a", "b", "c" or "d"')
+    if not isinstance(answer, str):  # check_choice cannot look up a list or a dict
+        return Feedback(False, f'Answer with one letter in quotes, "a", "b", "c" or "d"; got {answer!r}.')
     return check_choice(answer, "c", name="your choice", explanations={
         "a": "Not quite. The compute stream reads the buffer, but the allocator never hands this block to a "
              "compute-stream allocation: free blocks are reused only on their allocation stream.",
@@ -127,14 +134,19 @@ def check_allocation_stream(answer: str | None) -> Feedback:
              "receive this block.",
         "c": "Right. Only allocations on copy_in can receive the block, so copy_in alone needs a dependency: on an "
              "event from each reader (or one event, if the readers are already ordered).",
-        "d": "Correct but more than needed: waits on the readers' streams order work that can never receive the "
-             "block, and can cost overlap.",
+        "d": "Not quite. It is safe, because copy_in's waits are among the three, but it is more than needed: "
+             "waits on compute and offload order work that can never receive the block, and can cost overlap. "
+             "Only copy_in has to wait.",
     })
 
 
 def check_cap_stall(answer: str | None) -> Feedback:
     """Exercise (multiple choice): where does the tens-of-ms host stall inside an ordinary
     allocation come from, under a memory cap with record_stream?"""
+    if answer is None:
+        return unanswered('the letter of your choice: "a", "b", "c" or "d"')
+    if not isinstance(answer, str):  # check_choice cannot look up a list or a dict
+        return Feedback(False, f'Answer with one letter in quotes, "a", "b", "c" or "d"; got {answer!r}.')
     return check_choice(answer, "b", name="your choice", explanations={
         "a": "No: the event handoff allocates the same 64 MiB buffers under the same cap and its worst allocation "
              "takes well under a millisecond.",
@@ -164,7 +176,7 @@ def check_event_handoff(handoff: Callable | None, *, layers: int = 8, buffer_mib
         ValueError: layers, buffer_mib or trials out of range, or the buffers do not fit.
     """
     if handoff is None:
-        return unanswered("your handoff function (its name, without calling it)")
+        return unanswered("my_handoff (the function's name, without calling it)")
     if not callable(handoff):
         return Feedback(False, f"Pass the function itself, not {type(handoff).__name__}: check_event_handoff(my_handoff).")
     if not 2 <= layers <= 32:
@@ -176,7 +188,9 @@ def check_event_handoff(handoff: Callable | None, *, layers: int = 8, buffer_mib
     if not has_cuda():
         return Feedback(None, "This check runs your code on a GPU and none is visible here, so it cannot judge it. "
                               "Open the page in Colab with a GPU runtime (or any CUDA machine) and run the cell "
-                              "again; the solution below shows one correct loop.")
+                              "again. Until then, compare your loop with the recipe of 'Writing the event "
+                              "handoff' above: keep each buffer one layer longer, and enqueue "
+                              "producer.wait_event(done) for it before you drop it.")
     check_fits("buffer_mib", 3 * buffer_numel(buffer_mib) * 4)
     warm_up()
     kw = dict(layers=layers, buffer_mib=buffer_mib, producer_ms=producer_ms, consumer_ms=consumer_ms)
@@ -211,7 +225,7 @@ def check_event_handoff(handoff: Callable | None, *, layers: int = 8, buffer_mib
     if details["span_ms"] > 1.3 * ref_span:
         return Feedback(False, f"Correct and within two buffers, but the GPU needed {details['span_ms']:.1f} ms "
                                f"against {ref_span:.1f} ms for the reference loop: the producer waits for the "
-                               f"consumer of the buffer it just filled, which serialises the streams. Keep the "
+                               f"consumer of the buffer it just filled, which serializes the streams. Keep the "
                                f"buffer one layer longer and wait on the older event.", details)
     return Feedback(True, f"Correct in {trials} of {trials} trials, {details['distinct_blocks']} blocks, peak "
                           f"{details['peak_active_mib']:.0f} MiB active, {details['span_ms']:.1f} ms of GPU time "

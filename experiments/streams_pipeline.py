@@ -183,7 +183,7 @@ def run_pipeline(
         raise ValueError(f"strategy must be one of {list(STRATEGIES)}, got {strategy!r}")
     numel = buffer_numel(buffer_mib)
     rows = numel // ROW
-    calibrate_sleep()  # cached; calibrating inside the loop would synchronise mid-pipeline
+    calibrate_sleep()  # cached; calibrating inside the loop would synchronize mid-pipeline
     producer, consumer = torch.cuda.Stream(), torch.cuda.Stream()
     reset_allocator()
     outs = torch.zeros(layers, rows, device="cuda")

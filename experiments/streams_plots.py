@@ -18,7 +18,7 @@ GRAY = "#6b6b6b"
 COUNTER_KEYS = (("peak_allocated_bytes", "allocated"), ("peak_active_bytes", "active"),
                 ("peak_reserved_bytes", "reserved"))
 COUNTER_COLORS = ("#9bb7d4", PALETTE[0], "#1f3d5c")
-# Buffers get colours by block, so that equal colours mean the same memory.
+# Buffers get colors by block, so that equal colors mean the same memory.
 BLOCK_COLORS = ("#3b6ea8", "#d9822b", "#3f9a5b", "#7b5ea7", "#8c6d46", "#c2549d", "#17becf", "#6b6b6b")
 
 
@@ -199,7 +199,7 @@ def plot_memory_cap(result: Result) -> Any:
 
 def plot_timeline(result: Result) -> Any:
     """Host, producer and consumer lanes (ms after a reference event). Each layer's boxes
-    are coloured by the memory block its buffer got, so equal colours overlapping in time
+    are colored by the memory block its buffer got, so equal colors overlapping in time
     on the two streams are the race; triangles mark the host's ``del``."""
     d = result.data
     span = max([d["span_ms"]] + [e for _, e in d["consumer"]])

@@ -1,10 +1,10 @@
-"""A detector for host-device synchronisations that readers keep: :func:`no_syncs` and
+"""A detector for host-device synchronizations that readers keep: :func:`no_syncs` and
 :class:`SyncDetector`, plus a pytest plugin (:mod:`experiments.pytest_plugin`).
 
 While a ``with no_syncs():`` block runs, the detector watches three things:
 
 1. **PyTorch's own instrumentation.** With ``torch.cuda.set_sync_debug_mode("warn")``
-   every call site that PyTorch marked as synchronising (``memcpy_and_sync``,
+   every call site that PyTorch marked as synchronizing (``memcpy_and_sync``,
    ``stream_synchronize`` in ``c10/cuda/CUDAFunctions.h``: ``.item()``, ``.cpu()``,
    ``nonzero``, blocking copies, ``torch.tensor(..., device="cuda")`` ...) emits the
    warning "called a synchronizing CUDA operation". The detector arms that mode,
@@ -100,7 +100,7 @@ BLIND_SPOTS = (
 
 
 class SyncError(AssertionError):
-    """Raised on exit from a ``no_syncs(mode="error")`` block that synchronised.
+    """Raised on exit from a ``no_syncs(mode="error")`` block that synchronized.
 
     An ``AssertionError`` so that pytest shows it as a test failure, with the report.
     """
@@ -108,7 +108,7 @@ class SyncError(AssertionError):
 
 @dataclasses.dataclass(frozen=True)
 class SyncEvent:
-    """One synchronisation seen by the detector.
+    """One synchronization seen by the detector.
 
     Attributes:
         kind: a key of :data:`KINDS`.
@@ -153,7 +153,7 @@ def _is_internal(filename: str) -> bool:
 
 def _user_frame(start: Any = None) -> tuple[str, int, str, str]:
     """(filename, lineno, function, source line) of the innermost frame outside torch,
-    the warnings machinery and this module: the line of user code that synchronised."""
+    the warnings machinery and this module: the line of user code that synchronized."""
     frame = start if start is not None else sys._getframe(1)
     fallback = None
     while frame is not None:
@@ -437,7 +437,7 @@ _HUB = _Hub()
 # ----------------------------------------------------------------- the detector
 
 class SyncDetector(contextlib.ContextDecorator):
-    """Report, or fail on, host-device synchronisations inside a ``with`` block.
+    """Report, or fail on, host-device synchronizations inside a ``with`` block.
 
     Args:
         mode: 'error' (raise :class:`SyncError` on exit if the block made more than
@@ -573,11 +573,11 @@ def no_gpu_message() -> str:
         "Run the block on a machine with an NVIDIA GPU and a CUDA build of torch, or pass "
         "require_gpu=False to run it unchecked.")
     return ("The sync detector needs a CUDA GPU, and torch sees none: without a GPU there is no "
-            f"host-device synchronisation to detect. {hint}")
+            f"host-device synchronization to detect. {hint}")
 
 
 def count_debug_mode_syncs(fn: Callable[[], Any]) -> int:
-    """How many synchronising operations ``set_sync_debug_mode("warn")`` reports while ``fn()`` runs.
+    """How many synchronizing operations ``set_sync_debug_mode("warn")`` reports while ``fn()`` runs.
 
     Only PyTorch's own instrumentation counts here (no wrappers), which is what the
     debug mode alone would tell you. Raises NoGPUError without a GPU.

@@ -463,7 +463,7 @@ def _claim_catalogue(d: Mapping[str, Any]) -> tuple[bool, dict[str, Any]]:
     measured = {k: rows[k]["debug_mode_syncs"] for k in CATALOGUE_SYNCING + CATALOGUE_QUIET}
     holds = (all(measured[k] >= 1 for k in CATALOGUE_SYNCING)
              and all(measured[k] == 0 for k in CATALOGUE_QUIET))
-    return holds, {f"{k} (warnings)": v for k, v in measured.items()}
+    return holds, {f"{rows[k]['code']}: debug-mode warnings": v for k, v in measured.items()}
 
 
 @claim("syncs.pageable_htod_blocks", chapter=4, experiment="syncs.pageable_threshold", source=POST,

@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from .checks import Feedback, check_choice, check_number, combine, unanswered
+from .checks import Feedback, check_choice, combine, unanswered
 from .device import NoGPUError, has_cuda
 from .registry import Result, run
 from .store import NotRecordedError, RecordedFileError
@@ -40,32 +40,69 @@ def _result_or_feedback(exp_id: str, result: Result | None, **params: Any) -> Re
 RUN_AHEAD_EXERCISE = {"host_ms": 1.5, "gpu_ms": 2.0}
 
 
+def _ms(value: float) -> str:
+    """A time for feedback: at most two decimals, no trailing zeros ('17.5', '28', '16.25')."""
+    return f"{round(value, 2):g}"
+
+
+def _end_time_feedback(answer: Any, *, measured: float, model: float, tol: float, name: str,
+                       hints: list[tuple[float, str]], explanation: str) -> Feedback:
+    """One predicted end time against the measurement and the queue model (ms).
+
+    Correct within ``tol`` of either: the model is what the exercise asks for, the
+    measurement adds the few tenths of a millisecond a real GPU spends on launches and
+    syncs. ``hints`` are typical wrong answers, matched within ``tol``.
+    """
+    if isinstance(answer, bool) or not isinstance(answer, (int, float)) or not math.isfinite(answer):
+        return Feedback(False, f"{name[0].upper()}{name[1:]} should be a number of ms, got {answer!r}.")
+    details = {"answer": answer, "expected": measured, "model": model, "tolerance_ms": tol}
+    if abs(answer - model) <= tol or abs(answer - measured) <= tol:
+        return Feedback(True, f"Right: {name} was {measured:.1f} ms (the model says {_ms(model)} ms). "
+                              f"{explanation}", details)
+    for value, message in hints:
+        if abs(answer - value) <= tol:
+            return Feedback(False, f"{_ms(answer)} ms is not it for {name}. {message}", details)
+    direction = "high" if answer > measured else "low"
+    return Feedback(False, f"{_ms(answer)} ms is too {direction} for {name}.", details)
+
+
 def check_run_ahead_prediction(no_sync_ms: float | None, every_step_ms: float | None, *,
                                result: Result | None = None) -> Feedback:
     """Predict when the GPU finishes the run-ahead loop (8 steps, 1.5 ms host and 2 ms GPU
     work each): without a sync, and with ``loss.item()`` after every step.
 
-    Compared with ``syncs.run_ahead`` at that point (15 % tolerance).
+    Compared with ``syncs.run_ahead`` at that point and with the queue model
+    (:func:`~experiments.syncs.predicted_run_ahead_ms`): an answer within 0.4 × the
+    shorter per-step time (0.6 ms here) of either is right. The tolerance is absolute
+    because the typical wrong answers lie one step's host time away: 16 ms, the GPU
+    time alone, against 17.5 ms without a sync.
     """
     if no_sync_ms is None or every_step_ms is None:
-        return unanswered("your two predictions in ms (no sync, a sync every step)")
+        return unanswered("a number of ms in no_sync_ms and in every_step_ms")
     r = _result_or_feedback("syncs.run_ahead", result, **RUN_AHEAD_EXERCISE)
     if isinstance(r, Feedback):
         return r
+    from .syncs import predicted_run_ahead_ms  # syncs imports this module
+
     h, g, n = r.params["host_ms"], r.params["gpu_ms"], r.data["steps"]
-    none = r.data["variants"]["none"]["end_ms"]
-    every = r.data["variants"]["every_step"]["end_ms"]
-    first = check_number(
-        no_sync_ms, none, name="the end time without a sync", unit="ms", rel_tol=0.15,
-        hints=[(n * (h + g), "That is the loop with a sync every step. Without syncs the host's Python work "
+    model = predicted_run_ahead_ms(h, g, n)
+    # Different answers differ by at least one step's host or GPU time: stay well inside that.
+    tol = 0.4 * min(h, g)
+    first = _end_time_feedback(
+        no_sync_ms, measured=r.data["variants"]["none"]["end_ms"], model=model["none"], tol=tol,
+        name="the end time without a sync",
+        hints=[(n * g, f"That is the GPU's work alone ({n} x {g:g} ms). But the GPU cannot start before the "
+                       f"host has queued the first step: it idles through the first {h:g} ms of Python work."),
+               (n * (h + g), "That is the loop with a sync every step. Without syncs the host's Python work "
                              "overlaps the GPU's kernels: the slower side sets the pace."),
                (n * h, "That is when the host finishes queueing; the GPU is still busy with the queue.")],
         explanation=f"The GPU starts after {h:g} ms of Python work and then never waits: {h:g} + {n} x {g:g} ms.")
-    second = check_number(
-        every_step_ms, every, name="the end time with a sync every step", unit="ms", rel_tol=0.15,
+    second = _end_time_feedback(
+        every_step_ms, measured=r.data["variants"]["every_step"]["end_ms"], model=model["every_step"], tol=tol,
+        name="the end time with a sync every step",
         hints=[(n * g, "Only the GPU time: but after each sync the queue is empty, and the GPU idles while the "
                        "host does the next step's Python work."),
-               (h + n * g, "That is the time without syncs: a sync every step stops all overlap.")],
+               (model["none"], "That is the time without syncs: a sync every step stops all overlap.")],
         explanation=f"Nothing overlaps any more: {n} x ({h:g} + {g:g}) ms. The host's wait is not the loss; "
                     "the Python time that no longer hides behind GPU work is.")
     return combine([first, second])
@@ -83,6 +120,10 @@ BUBBLE_OPTIONS = {
 
 def check_bubble_cost(answer: str | None) -> Feedback:
     """Multiple choice: what a single sync in a run-ahead loop costs (see :data:`BUBBLE_OPTIONS`)."""
+    if answer is None:
+        return unanswered('the letter of your option: "a", "b", "c" or "d"')
+    if not isinstance(answer, str):  # check_choice cannot look up a list or a dict
+        return Feedback(False, f'Answer with one letter in quotes, "a", "b", "c" or "d"; got {answer!r}.')
     return check_choice(answer, "b", name="your option", explanations={
         "a": "No: while the host waited, the GPU was busy with work queued earlier. The wait is what profilers "
              "draw in red, but no GPU time was lost during it.",
@@ -113,7 +154,7 @@ def check_classification(answers: Mapping[str, bool | None] | None, *, result: R
     debug mode reported it or the host waited for the queued GPU work.
     """
     if answers is None:
-        return unanswered("a dict {operation: True or False} (start from syncs.classification_template())")
+        return unanswered("answers (the dict in the cell, with True (syncs) or False for each operation)")
     if not isinstance(answers, Mapping):
         return Feedback(False, f"answers should be a dict of operation -> True/False, got {type(answers).__name__}.")
     by_code = {OPS_BY_ID[i].code: i for i in QUIZ_OPS}
@@ -124,8 +165,10 @@ def check_classification(answers: Mapping[str, bool | None] | None, *, result: R
             return Feedback(False, f"{key!r} is not one of the quiz's operations: {list(by_code)}.")
         given[op_id] = value
     missing = [OPS_BY_ID[i].code for i in QUIZ_OPS if given.get(i) is None]
+    if len(missing) == len(QUIZ_OPS):
+        return unanswered("True (syncs) or False for each operation in answers")
     if missing:
-        return unanswered(f"True or False for {len(missing)} more operation(s): {', '.join(missing)}")
+        return unanswered(f"True (syncs) or False for the operations still at None: {', '.join(missing)}")
     bad = [k for k, v in given.items() if not isinstance(v, bool)]
     if bad:
         return Feedback(False, f"Answer with True or False; got {given[bad[0]]!r} for {OPS_BY_ID[bad[0]].code}.")
@@ -155,23 +198,32 @@ def check_threshold(answer_mib: float | str | None, *, result: Result | None = N
     made the host wait, read from ``syncs.pageable_threshold`` (live or recorded).
 
     Any value between the largest size that did not wait and the first that did is
-    accepted (the sweep cannot say more). Answer 'none' if no size waited.
+    accepted (the sweep cannot say more). Answer ``"none"`` (any case) if no size waited.
+    Anything else (a string, a list) gets feedback, not an exception.
     """
     if answer_mib is None:
-        return unanswered("the size in MiB (a number), or 'none'")
+        return unanswered('a size in MiB (a number), or "none" if no size made the host wait')
+    says_none = isinstance(answer_mib, str) and answer_mib.strip().lower() == "none"
+    is_number = (not isinstance(answer_mib, bool) and isinstance(answer_mib, (int, float))
+                 and math.isfinite(answer_mib))
+    if not (says_none or is_number):
+        return Feedback(False, f'Answer with a number of MiB, or with "none" if no size made the host wait; '
+                               f"got {answer_mib!r}.")
     r = _result_or_feedback("syncs.pageable_threshold", result)
     if isinstance(r, Feedback):
         return r
     d = r.data
     t, s = d["threshold_bytes"], d["largest_staged_bytes"]
     nb = dict(zip(d["sizes_bytes"], d["variants"]["pageable_non_blocking"]["median_ms"]))
+    largest = d["sizes_bytes"][-1] / 2**20
     if t is None:
-        if isinstance(answer_mib, str) and answer_mib.strip().lower() == "none":
+        if says_none:
             return Feedback(True, "Right: on this machine no pageable copy in the sweep made the host wait.")
-        return Feedback(False, f"No size up to {d['sizes_bytes'][-1] / 2**20:g} MiB made the host wait here; "
-                               "answer 'none'.")
-    if isinstance(answer_mib, str) or isinstance(answer_mib, bool) or not math.isfinite(float(answer_mib)):
-        return Feedback(False, f"Give a number of MiB; got {answer_mib!r}.")
+        return Feedback(False, f"No size up to {largest:g} MiB made the host wait here; answer \"none\".")
+    if says_none:
+        return Feedback(False, f'Not "none": in this sweep (up to {largest:g} MiB) some pageable copies did make '
+                               "the host wait for the queued work. Find the size where the red squares jump up, "
+                               "and give it in MiB.")
     a = float(answer_mib)
     lo = (s or 0) / 2**20
     hi = t / 2**20
@@ -284,7 +336,7 @@ def check_sync_free_rewrite(fn: Callable[[torch.Tensor], Any] | None, *, queued_
     is sync-free needs a GPU, and the feedback says so.
     """
     if fn is None:
-        return unanswered("your function (def reduce_grad_stats_sync_free(local): ...)")
+        return unanswered("reduce_grad_stats_sync_free (the function's name, without calling it)")
     if not callable(fn):
         return Feedback(False, f"Pass the function itself, not {type(fn).__name__}.")
     local = _reference_input()

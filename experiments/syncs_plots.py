@@ -283,12 +283,14 @@ def plot_case_study(result: Result) -> Figure:
     med = [s["median"] for s in steps]
     err = [[max(0.0, m - s["p10"]) for m, s in zip(med, steps)], [max(0.0, s["p90"] - m) for m, s in zip(med, steps)]]
     ax.bar(xs, med, yerr=err, capsize=4, width=0.55, color=[SYNC_RED, PALETTE[2]], label="measured (median, p10-p90)")
-    for x, m, s in zip(xs, med, steps):
-        ax.annotate(f"{m:.1f} ms", (x, max(m, s["p90"])), xytext=(0, 3), textcoords="offset points", ha="center",
-                    va="bottom", fontsize=9)
     model = d.get("predicted_ms")
+    marks = [model[n] for n in names] if model else [0.0] * len(names)
     if model:
-        ax.scatter(xs, [model[n] for n in names], marker="D", s=30, color="#222222", zorder=3, label="queue model")
+        ax.scatter(xs, marks, marker="D", s=30, color="#222222", zorder=3, label="queue model")
+    # The value goes above the error bar and the model's marker alike, so that neither hides it.
+    for x, m, s, mark in zip(xs, med, steps, marks):
+        ax.annotate(f"{m:.1f} ms", (x, max(m, s["p90"], mark)), xytext=(0, 6), textcoords="offset points",
+                    ha="center", va="bottom", fontsize=9)
     ax.axhline(d["host_ms_per_step"], color=PALETTE[1], linestyle="--", linewidth=1.2,
                label="host time per step (sync-free)")
     if d.get("gpu_ms_per_step"):
@@ -296,7 +298,8 @@ def plot_case_study(result: Result) -> Figure:
     ax.set_xticks(xs)
     ax.set_xticklabels([CASE_LABELS[n] for n in names])
     ax.set_xlim(-0.6, len(names) - 0.4)
-    ax.set_ylim(0, 1.3 * max(max(s["p90"] for s in steps), d["host_ms_per_step"], d.get("gpu_ms_per_step") or 0))
+    ax.set_ylim(0, 1.3 * max(max(s["p90"] for s in steps), max(marks), d["host_ms_per_step"],
+                             d.get("gpu_ms_per_step") or 0))
     ax.set_ylabel("time per training step (ms)")
     ax.grid(axis="x", visible=False)
     ax.set_title(f"{d['speedup']:.2f}x faster without the sync (batch {d['batch']:,})", fontsize=10)

@@ -99,22 +99,34 @@ def test_timeline_matches_the_model_step_by_step(small_mib, expandable):
         assert ends == {"small_first": 256, "large_first": 128}, ends
 
 
-@pytest.mark.parametrize("expandable", [False, True])
-def test_fragmentation_patterns_fail_where_the_model_says(expandable):
-    d = live("alloc.fragmentation_oom", expandable=expandable).data
+@pytest.mark.parametrize("point", registry.get("alloc.fragmentation_oom").grid,
+                         ids=lambda p: f"cap{p['cap_mib']}-{'expandable' if p['expandable'] else 'default'}")
+def test_fragmentation_patterns_fail_where_the_model_says(point):
+    """Under every cap the widget offers: the same operation fails (or none does) on the GPU as in the model,
+    whether that is the 64 MiB request or, under a cap below the first phase, one of its 32 MiB tensors."""
+    d = live("alloc.fragmentation_oom", **point).data
+    assert d["cap_bytes"] == point["cap_mib"] * MiB
     for name, p in d["patterns"].items():
-        assert p["expandable_in_effect"] is expandable, f"{name}: expandable_segments did not take effect"
-        assert p["oom"] == p["predicted_oom"], (
-            f"{name}: the 64 MiB request {'failed' if p['oom'] else 'fitted'} on the GPU, the model says "
-            f"{'fail' if p['predicted_oom'] else 'fit'}; before it {p['reserved_before_request_bytes'] / MiB:.0f} MiB "
-            f"reserved, {p['allocated_before_request_bytes'] / MiB:.0f} MiB allocated; message: {p['message']}")
+        assert p["expandable_in_effect"] is point["expandable"], f"{name}: expandable_segments did not take effect"
+        where = (f"before the request {p['reserved_before_request_bytes'] / MiB:.0f} MiB reserved, "
+                 f"{p['allocated_before_request_bytes'] / MiB:.0f} MiB allocated" if p["reached_request"]
+                 else "the request was not reached")
+        assert (p["oom"], p["oom_step"]) == (p["predicted_oom"], p["predicted_oom_step"]), (
+            f"{name} under {point['cap_mib']} MiB: the GPU failed at {p['failed_label']}, the model at step "
+            f"{p['predicted_oom_step']} (None: nothing fails); {where}; message: {p['message']}")
+        assert p["reached_request"] == p["predicted_reached_request"], name
         assert p["reserved_after_bytes"] == p["predicted_reserved_after_bytes"], (
-            f"{name}: reserved after the request {p['reserved_after_bytes'] / MiB} MiB, "
+            f"{name}: reserved at the end {p['reserved_after_bytes'] / MiB} MiB, "
             f"model {p['predicted_reserved_after_bytes'] / MiB} MiB")
+        model = allocator.predict_oom(point["cap_mib"], point["expandable"])[name]
+        assert (p["reserved_bytes"], p["allocated_bytes"]) == (model["reserved_bytes"], model["allocated_bytes"]), (
+            f"{name}: reserved MiB measured {mib(p['reserved_bytes'])}, model {mib(model['reserved_bytes'])}")
+        assert (p["num_alloc_retries"], p["num_ooms"]) == (model["num_alloc_retries"], model["num_ooms"]), name
         if p["oom"]:
             f = p["figures"]
             assert f is not None, f"{name}: could not parse the message ({p['parse_error']}): {p['message']}"
-            assert f["tried_to_allocate_bytes"] == 64 * MiB, p["message"]
+            assert f["tried_to_allocate_bytes"] == p["failed_request_bytes"], p["message"]
+            assert p["failed_request_bytes"] == (64 if p["reached_request"] else allocator.OOM_FILL_MIB) * MiB
             assert abs(f["allowed_bytes"] - d["cap_bytes"]) <= MiB, p["message"]
             assert abs(f["reserved_unallocated_bytes"] - p["reserved_unallocated_at_failure_bytes"]) <= 64 * 1024, (
                 f"{name}: message says {f['reserved_unallocated_bytes'] / MiB:.2f} MiB reserved but unallocated, "

@@ -22,6 +22,7 @@ def test_check_choice():
     assert checks.check_choice("z", "a", explanations=expl).correct is False
     assert checks.check_choice(None, "a", explanations=expl).correct is None
     assert checks.check_choice(" A ", "a", explanations=expl).correct is True
+    assert checks.check_choice(["a"], "a", explanations=expl).correct is False
     assert checks.check_choice("B", "a", explanations=expl).message == "no: the pool is per stream"
 
 

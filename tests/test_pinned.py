@@ -3,7 +3,9 @@ the experiments themselves, their claims and the loader check live on a GPU (``-
 from __future__ import annotations
 
 import math
+import re
 import types
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -16,6 +18,8 @@ from experiments.device import Provenance
 from experiments.registry import Result
 
 from .test_device import PROV
+
+ROOT = Path(__file__).resolve().parent.parent
 
 MiB, KiB, GiB = 2**20, 2**10, 2**30
 CLAIM_IDS = ["pinned.bandwidth", "pinned.async_returns", "pinned.overwrite_race", "pinned.del_is_safe",
@@ -582,6 +586,15 @@ def test_owned_prediction_check():
     assert fb.correct is False and "*device* memory only" in fb.message
     assert pinned.check_owned_prediction(22, 18).correct is False
     assert pinned.check_owned_prediction("18", 18).correct is False
+    assert pinned.check_owned_prediction([18], 18).correct is False
+
+
+def test_owned_prediction_check_asks_once_for_what_is_missing():
+    for after_e, after_empty in ((None, None), (18, None), (None, 18)):
+        fb = pinned.check_owned_prediction(after_e, after_empty)
+        assert fb.correct is None
+        assert fb.message == ("Replace None with a number of MiB in after_e and in after_device_empty_cache, "
+                              "then run the cell again.")
 
 
 def test_overwrite_guard_check():
@@ -590,6 +603,10 @@ def test_overwrite_guard_check():
     assert "twice" in pinned.check_overwrite_guard("b").message
     assert pinned.check_overwrite_guard("d").correct is False
     assert pinned.check_overwrite_guard("z").correct is False
+    assert pinned.check_overwrite_guard("C").correct is True
+    for not_a_letter in (["c"], {"c": 1}, 3):
+        fb = pinned.check_overwrite_guard(not_a_letter)
+        assert fb.correct is False and "one letter" in fb.message
     assert set(pinned.OVERWRITE_OPTIONS) == {"a", "b", "c", "d", "e"}
 
 
@@ -598,6 +615,7 @@ def test_rounding_check():
     assert pinned.check_rounding(4).correct is True
     assert "That is the request" in pinned.check_rounding(2.08).message
     assert pinned.check_rounding(3).correct is False
+    assert pinned.check_rounding("4").correct is False
 
 
 def test_graph_replay_check():
@@ -605,6 +623,24 @@ def test_graph_replay_check():
     assert pinned.check_graph_replay(3.0).correct is True
     fb = pinned.check_graph_replay(7)
     assert fb.correct is False and "Python names" in fb.message
+    assert pinned.check_graph_replay([3.0]).correct is False
+
+
+def test_unanswered_messages_read_as_sentences():
+    for fb in (pinned.check_owned_prediction(None, None), pinned.check_overwrite_guard(None),
+               pinned.check_rounding(None), pinned.check_graph_replay(None), pinned.check_loader(None)):
+        assert fb.correct is None
+        assert fb.message.startswith("Replace None with ") and fb.message.endswith("then run the cell again.")
+        assert fb.message.count("Replace None") == 1
+        assert not re.search(r"your value for|in MiB in MiB|for value", fb.message), fb.message
+
+
+def test_claims_show_readable_labels(lab_recordings):
+    """The claims' measured figures are read by people: labels, not variable names."""
+    for c in claims.all_claims(3):
+        _, measured = c.predicate(registry.run(c.experiment, mode="recorded", **c.params).data)
+        for key in measured:
+            assert not re.search(r"\b[a-z]+_[a-z_]+\b", key), f"{c.id}: {key!r} looks like a variable"
 
 
 def _report(**kw):
@@ -640,6 +676,58 @@ def test_check_loader_without_an_answer_or_a_gpu(monkeypatch):
     assert fb.correct is None and "GPU" in fb.message
     with pytest.raises(ValueError, match="n_buffers must be >= 2"):
         pinned.check_loader(lambda b, n: iter(b), n_buffers=1)
+
+
+def _exercise_layout(src: str) -> dict[str, tuple[int, int, int]]:
+    """{label: (exercise cell, first code cell after it, solution cell)} of a jupytext source."""
+    import jupytext
+
+    cells = jupytext.reads(src, fmt="py:percent").cells
+    layout = {}
+    for i, cell in enumerate(cells):
+        m = re.search(r"\{exercise\}.*\n(?:.*\n)*?:label: (\S+)", cell.source)
+        if cell.cell_type != "markdown" or not m:
+            continue
+        label = m.group(1)
+        code = next(j for j in range(i + 1, len(cells)) if cells[j].cell_type == "code")
+        solution = next(k for k, c in enumerate(cells) if f"{{solution}} {label}" in c.source)
+        layout[label] = (i, code, solution)
+        assert "check_" in cells[code].source, f"{label}: the first code cell after it should call the check"
+    return layout
+
+
+def _hidden_output_cells(notebook: str) -> list[str]:
+    """Sources of the generated notebook's cells tagged hide-output."""
+    import nbformat
+
+    nb = nbformat.read(ROOT / "book" / notebook, as_version=4)
+    return [c.source for c in nb.cells if "hide-output" in c.metadata.get("tags", [])]
+
+
+def test_solutions_follow_the_check_cell():
+    """Exercise, then the cell that calls the check, then the solution dropdown (as in every chapter)."""
+    layout = _exercise_layout((ROOT / "book" / "src" / "ch3_pinned_memory.py").read_text())
+    assert len(layout) == 5
+    for label, (exercise, check, solution) in layout.items():
+        assert exercise < check < solution, f"{label}: the solution should come after the check cell"
+
+
+def test_outputs_that_answer_an_exercise_are_folded():
+    """In the static book these outputs sit right below an exercise: hide-output folds them."""
+    hidden = _hidden_output_cells("ch3_pinned_memory.ipynb")
+    for source in ("pinned.plot_lifecycle(life)",                                # ex 3.3
+                   "pinned.plot_graph_replay(graph)",                            # ex 3.4
+                   'pinned.claim_check("pinned.graph_reads_captured_address")',
+                   "pinned.plot_bandwidth(bw)", "pinned.plot_async_copy(cp)",    # the **Predict** prompts
+                   "pinned.plot_overwrite_race(race)", "pinned.plot_ring_sweep(ring_runs)"):
+        assert any(source in h for h in hidden), f"no hide-output tag on the cell with {source!r}"
+    assert not any("pinned.check_" in h for h in hidden), "the check's own feedback stays visible"
+
+
+def test_american_spelling_of_synchronize():
+    for path in ("book/src/ch3_pinned_memory.py", "experiments/pinned*.py", "tests/test_pinned.py"):
+        for p in ROOT.glob(path):
+            assert not re.search(r"synchroni[s]", p.read_text(), re.I), p
 
 
 # ================================================================ recorded mode: widgets and pages

@@ -8,6 +8,7 @@ tests of a predicate's failing side change a copy of them. No test writes a reco
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 
 import pytest
@@ -80,7 +81,7 @@ def test_whole_grid_fits_the_time_budget():
     ("streams.strategies", {"layers": 1}, ["layers", "[2, 32]"]),
     ("streams.strategies", {"trials": 0}, ["trials"]),
     ("streams.runahead", {"repeats": 0}, ["repeats"]),
-    ("streams.memory_cap", {"cap_mib": 100}, ["cap_mib", "[256, 16384]"]),
+    ("streams.memory_cap", {"cap_mib": 100}, ["cap_mib", "[256, 16,384]"]),
     ("streams.timeline", {"layers": 9}, ["layers", "[2, 8]"]),
 ])
 def test_bad_parameters_are_rejected_before_any_gpu_work(exp_id, params, words):
@@ -230,7 +231,16 @@ def test_check_block_predictions():
     fb = streams.check_block_predictions(wrong, r)
     assert fb.correct is False and "polls its event" in fb.message and "straight back" in fb.message
     assert streams.check_block_predictions({"unprotected": 1}, r).correct is False
-    assert streams.check_block_predictions({s: None for s in STRATEGIES}, r).correct is False
+    assert streams.check_block_predictions([1, 1, 4, 2], r).correct is False
+    assert streams.check_block_predictions({**right, "stall": "1"}, r).correct is False
+
+
+def test_check_block_predictions_takes_the_notebooks_unfilled_dict_as_no_answer():
+    r = recorded("streams.strategies")
+    fb = streams.check_block_predictions({s: None for s in STRATEGIES}, r)
+    assert fb.correct is None and "my_blocks" in fb.message and "record_stream" in fb.message
+    fb = streams.check_block_predictions({s: (None if s == "event" else 1) for s in STRATEGIES}, r)
+    assert fb.correct is None and "still None: event)" in fb.message
 
 
 def test_check_peak_prediction():
@@ -244,6 +254,7 @@ def test_check_peak_prediction():
     fb = streams.check_peak_prediction(128, r)
     assert fb.correct is False and "event handoff" in fb.message
     assert streams.check_peak_prediction("lots", r).correct is False
+    assert streams.check_peak_prediction([1024], r).correct is False
 
 
 def test_check_allocated_peak():
@@ -253,6 +264,7 @@ def test_check_allocated_peak():
     assert streams.check_allocated_peak(r["record_stream"]["peak_allocated_bytes"][k] / MiB, r).correct is True
     fb = streams.check_allocated_peak(r["record_stream"]["peak_active_bytes"][k] / MiB, r)
     assert fb.correct is False and "active" in fb.message
+    assert streams.check_allocated_peak([64], r).correct is False
 
 
 def test_point_index_missing():
@@ -269,6 +281,26 @@ def test_choice_checks(check, right):
             fb = check(other)
             assert fb.correct is False and fb.message
     assert check("e").correct is False
+    assert check(right.upper()).correct is True
+    for not_a_letter in ([right], {right: True}, 3):
+        fb = check(not_a_letter)
+        assert fb.correct is False and "one letter" in fb.message
+
+
+def test_allocation_stream_check_says_what_its_verdict_says():
+    fb = streams.check_allocation_stream("d")
+    assert fb.correct is False
+    assert not fb.message.startswith(("Correct", "Right")) and "Not quite" in fb.message
+    assert "only copy_in" in fb.message.lower()
+
+
+def test_unanswered_messages_read_as_sentences():
+    for fb in (streams.check_block_predictions(None), streams.check_peak_prediction(None),
+               streams.check_allocated_peak(None), streams.check_allocation_stream(None),
+               streams.check_cap_stall(None), streams.check_event_handoff(None)):
+        assert fb.correct is None
+        assert fb.message.startswith("Replace None with ") and fb.message.endswith("then run the cell again.")
+        assert "None with None" not in fb.message and "your value for" not in fb.message
 
 
 def test_check_event_handoff_without_answer_or_gpu(monkeypatch):
@@ -281,6 +313,8 @@ def test_check_event_handoff_without_answer_or_gpu(monkeypatch):
     monkeypatch.setattr(streams_checks, "has_cuda", lambda: False)
     fb = streams.check_event_handoff(streams.reference_handoff)
     assert fb.correct is None and "GPU" in fb.message
+    # the student edition has no solutions: the message points at the recipe instead
+    assert "solution" not in fb.message and "Writing the event handoff" in fb.message
 
 
 # ================================================================ plots
@@ -442,6 +476,57 @@ def test_notebook_is_in_sync():
     assert (ROOT / "book" / "ch2_cross_stream.ipynb").read_text() == built, "run scripts/sync_notebooks.py"
 
 
+def _exercise_layout(src: str) -> dict[str, tuple[int, int, int]]:
+    """{label: (exercise cell, first code cell after it, solution cell)} of a jupytext source."""
+    import jupytext
+
+    cells = jupytext.reads(src, fmt="py:percent").cells
+    layout = {}
+    for i, cell in enumerate(cells):
+        m = re.search(r"\{exercise\}.*\n(?:.*\n)*?:label: (\S+)", cell.source)
+        if cell.cell_type != "markdown" or not m:
+            continue
+        label = m.group(1)
+        code = next(j for j in range(i + 1, len(cells)) if cells[j].cell_type == "code")
+        solution = next(k for k, c in enumerate(cells) if f"{{solution}} {label}" in c.source)
+        layout[label] = (i, code, solution)
+        assert "check_" in cells[code].source, f"{label}: the first code cell after it should call the check"
+    return layout
+
+
+def _hidden_output_cells(notebook: str) -> list[str]:
+    """Sources of the generated notebook's cells tagged hide-output."""
+    import nbformat
+
+    nb = nbformat.read(ROOT / "book" / notebook, as_version=4)
+    return [c.source for c in nb.cells if "hide-output" in c.metadata.get("tags", [])]
+
+
+def test_solutions_follow_the_check_cell():
+    """Exercise, then the cell that calls the check, then the solution dropdown (as in every chapter)."""
+    layout = _exercise_layout((ROOT / "book" / "src" / "ch2_cross_stream.py").read_text())
+    assert len(layout) == 6
+    for label, (exercise, check, solution) in layout.items():
+        assert exercise < check < solution, f"{label}: the solution should come after the check cell"
+
+
+def test_outputs_that_answer_an_exercise_are_folded():
+    """In the static book these outputs sit right below an exercise: hide-output folds them."""
+    hidden = _hidden_output_cells("ch2_cross_stream.ipynb")
+    for source in ("streams.plot_strategies(race)", "streams.strategies_table(race)",  # ex 2.1
+                   "streams.plot_runahead(sweep)", "streams.runahead_table(sweep)",    # ex 2.2
+                   'params=["strategy", "consumer_ms", "host_delay_ms"',               # ex 2.3
+                   "streams.plot_counters(sweep)"):
+        assert any(source in h for h in hidden), f"no hide-output tag on the cell with {source!r}"
+    assert not any("streams.check_" in h for h in hidden), "the check's own feedback stays visible"
+
+
+def test_american_spelling_of_synchronize():
+    for path in ("book/src/ch2_cross_stream.py", "experiments/streams*.py", "tests/test_streams.py"):
+        for p in ROOT.glob(path):
+            assert not re.search(r"synchroni[s]", p.read_text(), re.I), p
+
+
 # ================================================================ recorded results (written by the lab GPU run)
 
 @pytest.mark.parametrize("exp_id", STREAMS_IDS)
@@ -583,7 +668,7 @@ def test_live_strategies(live_mode):
     assert res["record_stream"]["peak_active_bytes"] >= 3 * buf, \
         f"record_stream active peak only {_mib(res['record_stream']['peak_active_bytes'])}"
     assert res["record_stream"]["peak_allocated_bytes"] < res["record_stream"]["peak_active_bytes"]
-    # the stall serialises producer and consumer: it loses the overlap the others keep
+    # the stall serializes producer and consumer: it loses the overlap the others keep
     assert res["stall"]["span_ms"] > res["event"]["span_ms"] + 0.5, \
         {s: round(res[s]["span_ms"], 2) for s in STRATEGIES}
     assert res["event"]["overlap_ms"] > res["stall"]["overlap_ms"] + 0.5, \

@@ -372,6 +372,40 @@ def test_run_ahead_prediction_check(recorded_mode):
     swapped = syncs.check_run_ahead_prediction(28.0, 28.0, result=r)
     assert swapped.correct is False and "overlaps" in swapped.message
     assert syncs.check_run_ahead_prediction("x", 28.0, result=r).correct is False
+    assert syncs.check_run_ahead_prediction([17.5], 28.0, result=r).correct is False
+    assert syncs.check_run_ahead_prediction(17.5, {"ms": 28}, result=r).correct is False
+
+
+def test_run_ahead_check_separates_the_gpu_only_answer(recorded_mode):
+    from experiments.syncs_checks import RUN_AHEAD_EXERCISE
+
+    r = recorded("syncs.run_ahead", **RUN_AHEAD_EXERCISE)
+    h, g, n = RUN_AHEAD_EXERCISE["host_ms"], RUN_AHEAD_EXERCISE["gpu_ms"], r["steps"]
+    model = syncs.predicted_run_ahead_ms(h, g, n)
+    # 16 ms, the GPU's work alone, is the classic mistake: a named wrong answer, not "close enough"
+    gpu_only = syncs.check_run_ahead_prediction(n * g, model["every_step"], result=r)
+    assert gpu_only.correct is False and "GPU's work alone" in gpu_only.message and "idles" in gpu_only.message
+    measured = r["variants"]["none"]["end_ms"]
+    assert syncs.check_run_ahead_prediction(measured, model["every_step"], result=r).correct is True
+    assert syncs.check_run_ahead_prediction(model["none"] + 0.5, model["every_step"], result=r).correct is True
+    assert syncs.check_run_ahead_prediction(model["none"] + 1.0, model["every_step"], result=r).correct is False
+    # feedback shows rounded numbers: no "17.5729 ms"
+    for fb in (syncs.check_run_ahead_prediction(measured, r["variants"]["every_step"]["end_ms"], result=r),
+               syncs.check_run_ahead_prediction(19.123456, 40.98765, result=r), gpu_only):
+        assert not re.search(r"\d\.\d{3,}", fb.message), fb.message
+
+
+def test_run_ahead_check_accepts_the_model_when_a_gpu_measures_more(recorded_mode):
+    from experiments.syncs_checks import RUN_AHEAD_EXERCISE
+
+    r = recorded("syncs.run_ahead", **RUN_AHEAD_EXERCISE)
+    slow = copy.deepcopy(r.data)
+    slow["variants"]["none"]["end_ms"] = 18.4      # a GPU with more launch overhead than the lab's
+    slow["variants"]["every_step"]["end_ms"] = 29.1
+    fb = syncs.check_run_ahead_prediction(17.5, 28.0, result=edited(r, slow))
+    assert fb.correct is True and "18.4 ms" in fb.message
+    assert syncs.check_run_ahead_prediction(18.4, 29.1, result=edited(r, slow)).correct is True
+    assert syncs.check_run_ahead_prediction(16.0, 28.0, result=edited(r, slow)).correct is False
 
 
 def test_run_ahead_check_without_a_recording_says_so(tmp_path, monkeypatch):
@@ -387,6 +421,10 @@ def test_bubble_check():
     wait = syncs.check_bubble_cost("a")
     assert wait.correct is False and "busy" in wait.message
     assert syncs.check_bubble_cost("e").correct is False
+    assert syncs.check_bubble_cost(" B ").correct is True
+    for not_a_letter in (["b"], {"b": 1}, 2):
+        fb = syncs.check_bubble_cost(not_a_letter)
+        assert fb.correct is False and "one letter" in fb.message
 
 
 def test_classification_check(recorded_mode):
@@ -433,10 +471,21 @@ def test_threshold_check(recorded_mode):
         post = syncs.check_threshold(0.0625, result=r)
         assert post.correct is False and "GB200" in post.message
     assert syncs.check_threshold("lots", result=r).correct is False
-    assert syncs.check_threshold("none", result=r).correct is False
     never = edited(r, dict(copy.deepcopy(r.data), threshold_bytes=None))
     assert syncs.check_threshold("none", result=never).correct is True
+    assert syncs.check_threshold(" None ", result=never).correct is True
     assert syncs.check_threshold(first, result=never).correct is False
+
+
+def test_threshold_check_answers_what_the_exercise_allows(recorded_mode):
+    r = recorded("syncs.pageable_threshold")
+    # "none" is an answer the exercise allows: wrong here (the lab's driver drained), but not a format error
+    fb = syncs.check_threshold("none", result=r)
+    assert fb.correct is False and "Give a number" not in fb.message and "red squares" in fb.message
+    for wrong_type in ([2], {"MiB": 2}, "2 MiB", True, math.nan, object()):
+        fb = syncs.check_threshold(wrong_type, result=r)
+        assert fb.correct is False and '"none"' in fb.message, wrong_type
+    assert "None with a size in MiB" in syncs.check_threshold(None, result=r).message
 
 
 def _good_rewrite(local):
@@ -662,6 +711,25 @@ def test_find_hidden_syncs_reads_the_recording(recorded_mode, monkeypatch):
     assert max(len(line) for line in text.splitlines()) <= 100, "readable without scrolling"
 
 
+def test_catalogue_claim_labels_its_figures_with_the_code(recorded_mode):
+    d = recorded("syncs.catalogue").data
+    _, measured = syncs._claim_catalogue(d)
+    codes = {syncs_ops.OPS_BY_ID[k].code for k in syncs.CATALOGUE_SYNCING + syncs.CATALOGUE_QUIET}
+    assert {k.removesuffix(": debug-mode warnings") for k in measured} == codes
+    for c in claims.all_claims(4):
+        _, m = c.predicate(registry.run(c.experiment, mode="recorded", **c.params).data)
+        assert not any(re.fullmatch(r"[a-z0-9]+(_[a-z0-9]+)+( \(\w+\))?", k) for k in m), (c.id, list(m))
+
+
+def test_unanswered_messages_read_as_sentences(recorded_mode):
+    for fb in (syncs.check_run_ahead_prediction(None, None), syncs.check_bubble_cost(None),
+               syncs.check_classification(None), syncs.check_classification(syncs.classification_template()),
+               syncs.check_threshold(None), syncs.check_sync_free_rewrite(None)):
+        assert fb.correct is None
+        assert fb.message.startswith("Replace None with ") and fb.message.endswith("then run the cell again.")
+        assert fb.message.count("Replace None") == 1 and "your value for" not in fb.message
+
+
 def test_show_claim_in_recorded_mode(recorded_mode):
     table = syncs.show_claim("syncs.catalogue")
     assert len(table) == 1 and list(table)[0].holds is True
@@ -855,6 +923,56 @@ def test_recorded_case_study_follows_its_model(recorded_mode):
 def test_recorded_queue_probe_slopes(recorded_mode):
     assert ex.run("syncs.queue_probe", op="item")["slope"] == pytest.approx(1.0, abs=0.2)
     assert abs(ex.run("syncs.queue_probe", op="full")["slope"]) < 0.1
+
+
+def _exercise_layout(src: str) -> dict[str, tuple[int, int, int]]:
+    """{label: (exercise cell, first code cell after it, solution cell)} of a jupytext source."""
+    import jupytext
+
+    cells = jupytext.reads(src, fmt="py:percent").cells
+    layout = {}
+    for i, cell in enumerate(cells):
+        m = re.search(r"\{exercise\}.*\n(?:.*\n)*?:label: (\S+)", cell.source)
+        if cell.cell_type != "markdown" or not m:
+            continue
+        label = m.group(1)
+        code = next(j for j in range(i + 1, len(cells)) if cells[j].cell_type == "code")
+        solution = next(k for k, c in enumerate(cells) if f"{{solution}} {label}" in c.source)
+        layout[label] = (i, code, solution)
+        assert "check_" in cells[code].source, f"{label}: the first code cell after it should call the check"
+    return layout
+
+
+def _hidden_output_cells(notebook: str) -> list[str]:
+    """Sources of the generated notebook's cells tagged hide-output."""
+    import nbformat
+
+    nb = nbformat.read(ROOT / "book" / notebook, as_version=4)
+    return [c.source for c in nb.cells if "hide-output" in c.metadata.get("tags", [])]
+
+
+def test_solutions_follow_the_check_cell():
+    """Exercise, then the cell that calls the check, then the solution dropdown (as in every chapter)."""
+    layout = _exercise_layout((ROOT / "book" / "src" / "ch4_hidden_syncs.py").read_text())
+    assert len(layout) == 5
+    for label, (exercise, check, solution) in layout.items():
+        assert exercise < check < solution, f"{label}: the solution should come after the check cell"
+
+
+def test_outputs_that_answer_an_exercise_are_folded():
+    """In the static book these outputs sit right below an exercise: hide-output folds them."""
+    hidden = _hidden_output_cells("ch4_hidden_syncs.ipynb")
+    for source in ("syncs.plot_run_ahead(loop)", "syncs.run_ahead_table(loop)",  # ex 4.1
+                   "syncs.plot_catalogue(cat)"):                                # ex 4.3 (which of these sync?)
+        assert any(source in h for h in hidden), f"no hide-output tag on the cell with {source!r}"
+    assert not any("syncs.check_" in h for h in hidden), "the check's own feedback stays visible"
+
+
+def test_american_spelling_of_synchronize():
+    for path in ("book/src/ch4_hidden_syncs.py", "experiments/syncs*.py", "experiments/sync_detector.py",
+                 "tests/test_syncs.py", "tests/test_sync_detector.py"):
+        for p in ROOT.glob(path):
+            assert not re.search(r"synchroni[s]", p.read_text(), re.I), p
 
 
 # ================================================================ live on the GPU

@@ -53,7 +53,8 @@ ex.status()
 #    big enough;
 # 4. if there is none, makes a **new segment**: 2 MiB in the small pool, 20 MiB for
 #    requests between 1 and 10 MiB, and for anything larger the request itself rounded up
-#    to a multiple of 2 MiB;
+#    to a multiple of 2 MiB (sizes are compared after the rounding of step 1, so a request
+#    of 10 MiB − 1 B already counts as 10 MiB);
 # 5. **splits** the block it found: the front serves the tensor, the rest stays free for
 #    later. In the large pool the rest is split off only when it is more than 1 MiB;
 #    otherwise the tensor simply gets the whole block.
@@ -164,7 +165,7 @@ ex.panel("alloc.timeline", al.plot_timeline)
 # %%
 al.check_timeline_prediction(None, None)  # (small first, large first), in MiB
 
-# %%
+# %% tags=["hide-output"]
 al.plot_timeline(ex.run("alloc.timeline", small_mib=8))
 
 # %% [markdown]
@@ -440,7 +441,8 @@ graphs = [ex.run("alloc.graph_pools", expandable=e) for e in (False, True)]
 for r in graphs:
     inc, dec = (r[o]["reserved_growth_bytes"] / al.MiB for o in al.GRAPH_ORDERS)
     setting = "expandable segments" if r.params["expandable"] else "default settings"
-    print(f"{setting}: smallest batch first {inc:.0f} MiB, largest first {dec:.0f} MiB")
+    print(f"{setting}: reserved memory grew by {inc:.0f} MiB smallest batch first, "
+          f"{dec:.0f} MiB largest first")
 al.plot_graph_pools(graphs)
 
 # %% [markdown]
@@ -464,7 +466,9 @@ al.plot_graph_pools(graphs)
 # mode is on, autograd keeps relu's output and the input of the last matmul for a
 # backward pass, until the output is freed: three activations at once. The experiment
 # also captures that way. Fed with the requests of each capture, this chapter's model
-# predicts both sets of numbers, and the table puts the pool the GPU measured next to it:
+# predicts both sets of numbers, and the table puts the pool the GPU measured next to it.
+# The table counts the shared pool alone, so its numbers are a little below the growth of
+# all reserved memory printed above; its note says what the captures hold outside the pool.
 
 # %%
 al.graph_pools_table(graphs)

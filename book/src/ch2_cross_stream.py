@@ -113,7 +113,12 @@ ex.status()
 # Write your four numbers into the next cell *before* you run the measurement below.
 # The check reads the measurement (or runs it on your GPU).
 # ```
-#
+
+# %%
+my_blocks = {"unprotected": None, "stall": None, "record_stream": None, "event": None}
+streams.check_block_predictions(my_blocks)
+
+# %% [markdown]
 # ```{solution} ex-streams-blocks
 # :class: dropdown
 #
@@ -133,10 +138,6 @@ ex.status()
 # alternate.
 # ```
 
-# %%
-my_blocks = {"unprotected": None, "stall": None, "record_stream": None, "event": None}
-streams.check_block_predictions(None)  # then pass my_blocks instead of None
-
 # %% [markdown]
 # ## The race, measured
 #
@@ -146,7 +147,7 @@ streams.check_block_predictions(None)  # then pass my_blocks instead of None
 # the correctness check (whose own temporaries would otherwise dominate). It also shows
 # the GPU time, and how long the producer and consumer streams ran at the same time.
 
-# %%
+# %% tags=["hide-output"]
 race = ex.run("streams.strategies")
 streams.plot_strategies(race)
 
@@ -154,7 +155,7 @@ streams.plot_strategies(race)
 # The same measurement as a table, with the value each layer's consumer read (layer *k*
 # should read *k*):
 
-# %%
+# %% tags=["hide-output"]
 print(streams.strategies_table(race))
 
 # %% [markdown]
@@ -223,18 +224,18 @@ print("\n".join(lines))
 #
 # CUDA events recorded around every step give each layer's interval on each stream,
 # measured from one reference event. The host lane shows when the host queued each
-# layer, and the triangles mark its `del`. Boxes are coloured by the memory block
-# their buffer received, so **the same colour on both streams at the same time is the
+# layer, and the triangles mark its `del`. Boxes are colored by the memory block
+# their buffer received, so **the same color on both streams at the same time is the
 # race**: the producer writes a block that the consumer is still reading.
 
 # %%
 streams.plot_timeline(ex.run("streams.timeline", strategy="unprotected"))
 
 # %% [markdown]
-# Every producer box has block A's colour, and the producer fills layers 2, 3 and 4
+# Every producer box has block A's color, and the producer fills layers 2, 3 and 4
 # into it while the consumer's first box, also block A, is still running. Compare the
-# event handoff: two colours alternate, and a producer box never starts before the
-# consumer box of the same colour has ended.
+# event handoff: two colors alternate, and a producer box never starts before the
+# consumer box of the same color has ended.
 
 # %%
 streams.plot_timeline(ex.run("streams.timeline", strategy="event"))
@@ -249,7 +250,7 @@ ex.panel("streams.timeline", streams.plot_timeline, params=["strategy"])
 # - *stall*: the host lane grows long boxes, because the host sits in
 #   `Event.synchronize()` each layer. The producer's work now comes after the
 #   consumer's instead of beside it;
-# - *record_stream*: every layer has its own colour, with one block per layer, and
+# - *record_stream*: every layer has its own color, with one block per layer, and
 #   the streams overlap as in the event handoff.
 
 # %% [markdown]
@@ -286,7 +287,12 @@ ex.panel("streams.timeline", streams.plot_timeline, params=["strategy"])
 # Reason about how many consumers have finished when the host allocates the last
 # buffer. Then run the next cells.
 # ```
-#
+
+# %%
+my_peak_mib = None
+streams.check_peak_prediction(my_peak_mib)
+
+# %% [markdown]
 # ```{solution} ex-streams-peak
 # :class: dropdown
 #
@@ -297,15 +303,11 @@ ex.panel("streams.timeline", streams.plot_timeline, params=["strategy"])
 # the event handoff's 128 MiB.
 # ```
 
-# %%
-my_peak_mib = None
-streams.check_peak_prediction(my_peak_mib)
-
-# %%
+# %% tags=["hide-output"]
 sweep = ex.run("streams.runahead")
 streams.plot_runahead(sweep)
 
-# %%
+# %% tags=["hide-output"]
 print(streams.runahead_table(sweep))
 
 # %% [markdown]
@@ -322,7 +324,7 @@ print(streams.runahead_table(sweep))
 # code, not by a race between the host and the GPU.
 #
 # Measuring the same thing in a real job is hard: CPU speed, logging, a data loader
-# thread, or removing a hidden synchronisation ([chapter 4](ch4_hidden_syncs.ipynb)) all
+# thread, or removing a hidden synchronization ([chapter 4](ch4_hidden_syncs.ipynb)) all
 # change the run-ahead, and with it `record_stream`'s peak. The post points out that
 # FSDP1 frees its gathered parameters with `record_stream`, and therefore needs
 # `limit_all_gathers=True`: a host-side throttle that blocks the CPU so that the
@@ -332,7 +334,7 @@ print(streams.runahead_table(sweep))
 # your own GPU you can also change the number of layers, the buffer size and the buffers
 # kept in flight (the recording has the chapter's 32 layers of 64 MiB):
 
-# %%
+# %% tags=["hide-output"]
 ex.panel("streams.pipeline", streams.plot_pipeline,
          params=["strategy", "consumer_ms", "host_delay_ms", "layers", "buffer_mib", "in_flight"])
 
@@ -353,7 +355,12 @@ ex.panel("streams.pipeline", streams.plot_pipeline,
 # parked a block for every layer. What does `max_memory_allocated()` report for that run,
 # in MiB above the start?
 # ```
-#
+
+# %%
+my_allocated_mib = None
+streams.check_allocated_peak(my_allocated_mib)
+
+# %% [markdown]
 # ```{solution} ex-streams-allocated
 # :class: dropdown
 #
@@ -362,11 +369,7 @@ ex.panel("streams.pipeline", streams.plot_pipeline,
 # peaks show all 32.
 # ```
 
-# %%
-my_allocated_mib = None
-streams.check_allocated_peak(my_allocated_mib)
-
-# %%
+# %% tags=["hide-output"]
 streams.plot_counters(sweep)
 
 # %% [markdown]
@@ -398,7 +401,11 @@ print(streams.memory_cap_table(capped))
 # - **c** Python's garbage collector runs.
 # - **d** The driver pages device memory out to the host.
 # ```
-#
+
+# %%
+streams.check_cap_stall(None)  # replace None with "a", "b", "c" or "d"
+
+# %% [markdown]
 # ```{solution} ex-streams-cap
 # :class: dropdown
 #
@@ -407,16 +414,13 @@ print(streams.memory_cap_table(capped))
 # wait (`cudaEventSynchronize`) on every pending event. The host therefore waits for the
 # GPU to finish all queued consumer work, inside what looks like an ordinary
 # `torch.empty`. `num_alloc_retries` counts these episodes. A profiler shows them as a
-# long gap on the CPU thread with no synchronising call in your code.
+# long gap on the CPU thread with no synchronizing call in your code.
 #
 # The estimate printed above the exercise fits this explanation: each stall lasts about
 # as long as the consumer work queued behind the blocks that fill the cap. The GPU span
 # hardly changes, because the GPU had that work to do anyway. The host is what loses
 # the time: in a real loop it would have been preparing the next step.
 # ```
-
-# %%
-streams.check_cap_stall(None)  # replace None with "a", "b", "c" or "d"
 
 # %% [markdown]
 # (ch2-handoff)=
@@ -433,7 +437,7 @@ streams.check_cap_stall(None)  # replace None with "a", "b", "c" or "d"
 # 4. **Enqueue `allocation_stream.wait_event(event)` first, drop the reference second.**
 #    In the other order, any allocation in between (a hook, another module) could
 #    receive the block with nothing ordering it after the consumer.
-# 5. **Choose the number of buffers in flight**: 0 serialises the streams, 1 is double
+# 5. **Choose the number of buffers in flight**: 0 serializes the streams, 1 is double
 #    buffering, *N* is a queue. Memory is then (*N* + 1) buffers, by construction.
 #
 # With *N* = 1 the loop is short:
@@ -468,7 +472,19 @@ ex.panel("streams.pipeline", streams.plot_pipeline, params=["in_flight"], strate
 # loop. The last condition rules out a stall. On a machine without a GPU the check says
 # that it cannot run.
 # ```
-#
+
+# %%
+def my_handoff(all_gather, forward, layers, producer, consumer):
+    for layer in range(layers):
+        buf = all_gather(layer)
+        done = forward(buf, layer)
+        # your code: keep `buf` and `done`, make `producer` wait on an event, then release
+        del buf
+
+
+streams.check_event_handoff(None)  # replace None with my_handoff
+
+# %% [markdown]
 # ````{solution} ex-streams-handoff
 # :class: dropdown
 #
@@ -495,17 +511,6 @@ ex.panel("streams.pipeline", streams.plot_pipeline, params=["in_flight"], strate
 # `done.synchronize()` before `del buf` (the same stall, on the host).
 # ````
 
-# %%
-def my_handoff(all_gather, forward, layers, producer, consumer):
-    for layer in range(layers):
-        buf = all_gather(layer)
-        done = forward(buf, layer)
-        # your code: keep `buf` and `done`, make `producer` wait on an event, then release
-        del buf
-
-
-streams.check_event_handoff(None)  # replace None with my_handoff
-
 # %% [markdown]
 # ````{exercise} Which stream waits?
 # :label: ex-streams-alloc-stream
@@ -529,7 +534,11 @@ streams.check_event_handoff(None)  # replace None with my_handoff
 # - **c** only `copy_in`, on an event from each reader
 # - **d** all three
 # ````
-#
+
+# %%
+streams.check_allocation_stream(None)  # replace None with "a", "b", "c" or "d"
+
+# %% [markdown]
 # ```{solution} ex-streams-alloc-stream
 # :class: dropdown
 #
@@ -540,9 +549,6 @@ streams.check_event_handoff(None)  # replace None with my_handoff
 # that can never receive the block, and only cost overlap.
 # ```
 
-# %%
-streams.check_allocation_stream(None)  # replace None with "a", "b", "c" or "d"
-
 # %% [markdown]
 # ## In your own code
 #
@@ -550,7 +556,7 @@ streams.check_allocation_stream(None)  # replace None with "a", "b", "c" or "d"
 #   `torch.cuda.stream(side)` and used outside it, or the other way round: side-stream
 #   copies, prefetchers, offloading hooks, hand-written overlap of communication and
 #   compute. The [CUDA stream sanitizer](https://docs.pytorch.org/docs/stable/cuda._sanitizer.html)
-#   (`TORCH_CUDA_SANITIZER=1`) reports unsynchronised accesses across streams.
+#   (`TORCH_CUDA_SANITIZER=1`) reports unsynchronized accesses across streams.
 # - **Measure the right counter.** Compare `memory_stats()["active_bytes.all.peak"]`
 #   with `max_memory_allocated()`. A large gap means blocks parked on events. The
 #   helpers of this book do it for you:

@@ -57,11 +57,11 @@ ex.status()
 # speeds are quoted in; the dashed line is the peak of the GPU's PCIe link as `nvidia-smi`
 # reports it. The cell after the figure prints the numbers for both directions.
 
-# %%
+# %% tags=["hide-output"]
 bw = ex.run("pinned.bandwidth")
 pinned.plot_bandwidth(bw)
 
-# %%
+# %% tags=["hide-output"]
 bw_dtoh = ex.run("pinned.bandwidth", direction="dtoh")
 print(pinned.bandwidth_summary(bw))
 print(pinned.bandwidth_summary(bw_dtoh))
@@ -107,7 +107,7 @@ pinned.claim_check("pinned.bandwidth")
 #   [post on hidden syncs](https://docs.pytorch.org/devlogs/eager/2026-08-11-hidden-h2d-sync/)
 #   found it at 64 KB on a GB200; on the lab's H200 it lies higher (see below), and
 #   [chapter 4](ch4_hidden_syncs.ipynb) sweeps the size to find it on your GPU.
-# - **`non_blocking=False`** (the default): PyTorch synchronises with the stream after the copy,
+# - **`non_blocking=False`** (the default): PyTorch synchronizes with the stream after the copy,
 #   so the host waits for everything queued ahead, pinned or not.
 # - **DtoH into pageable memory** always waits: the data must have arrived before the call
 #   can return it into memory the GPU cannot write directly.
@@ -118,7 +118,7 @@ pinned.claim_check("pinned.bandwidth")
 # **Predict**: with 30 ms of GPU work queued, how long does each of the four calls block for a
 # 64 MiB HtoD copy?
 
-# %%
+# %% tags=["hide-output"]
 cp = ex.run("pinned.async_copy")
 pinned.plot_async_copy(cp)
 
@@ -178,11 +178,11 @@ pinned.claim_check("pinned.async_returns")
 #
 # **Predict** which rows have wrong elements, and rank the four guards by cost.
 
-# %%
+# %% tags=["hide-output"]
 race = ex.run("pinned.overwrite_race")
 pinned.plot_overwrite_race(race)
 
-# %%
+# %% tags=["hide-output"]
 print(pinned.guard_costs_text(race))
 
 # %% [markdown]
@@ -228,7 +228,14 @@ pinned.claim_check("pinned.overwrite_race")
 # again. Which call, placed before the next fill, makes the fill safe while blocking the host
 # the least? Answer with the letter of an option printed by the next cell.
 # ```
-#
+
+# %%
+for letter, option in pinned.OVERWRITE_OPTIONS.items():
+    print(f"{letter}) {option}")
+answer = None  # your letter, e.g. "a"
+pinned.check_overwrite_guard(answer)
+
+# %% [markdown]
 # ```{solution} ex-pinned-guard
 # :class: dropdown
 #
@@ -241,12 +248,6 @@ pinned.claim_check("pinned.overwrite_race")
 # every step: use two or more buffers and alternate ({ref}`ch3-ring`), so that the host waits
 # less often.
 # ```
-
-# %%
-for letter, option in pinned.OVERWRITE_OPTIONS.items():
-    print(f"{letter}) {option}")
-answer = None  # your letter, e.g. "a"
-pinned.check_overwrite_guard(answer)
 
 # %% [markdown]
 # (ch3-del)=
@@ -273,7 +274,7 @@ pinned.check_overwrite_guard(answer)
 # to the operating system (never, unless you ask; see {ref}`ch3-costs`).
 #
 # The experiment queues a copy from a pinned source behind 50 ms of GPU work, deletes the
-# source at once and allocates a pinned tensor of the same size, then synchronises and
+# source at once and allocates a pinned tensor of the same size, then synchronizes and
 # allocates once more. The figure is a timeline of the GPU stream and the host.
 
 # %%
@@ -325,7 +326,12 @@ pinned.claim_check("pinned.pow2_rounding")
 # A serving system offloads its KV cache into pinned tensors of 2.08 GiB each, allocated with
 # `pin_memory=True`. How many GiB of host memory does each one lock?
 # ```
-#
+
+# %%
+answer_gib = None  # your number of GiB
+pinned.check_rounding(answer_gib)
+
+# %% [markdown]
 # ```{solution} ex-pinned-rounding
 # :class: dropdown
 #
@@ -336,10 +342,6 @@ pinned.claim_check("pinned.pow2_rounding")
 # `torch.cuda.cudart().cudaHostRegister(ptr, nbytes, 0)` and manage its lifetime yourself.
 # torch 2.14 adds `pinned_max_round_threshold_mb` to switch the rounding off above a size.
 # ```
-
-# %%
-answer_gib = None  # your number of GiB
-pinned.check_rounding(answer_gib)
 
 # %% [markdown]
 # ### Nothing comes back on its own
@@ -367,7 +369,13 @@ pinned.check_rounding(answer_gib)
 # `torch.cuda.empty_cache()`? Write your predictions in the next cell, check them, *then* run
 # the experiment below it.
 # ```
-#
+
+# %%
+after_e = None                   # MiB owned right after e = pin(3)
+after_device_empty_cache = None  # MiB owned right after torch.cuda.empty_cache()
+pinned.check_owned_prediction(after_e, after_device_empty_cache)
+
+# %% [markdown]
 # ```{solution} ex-pinned-owned
 # :class: dropdown
 #
@@ -381,16 +389,11 @@ pinned.check_rounding(answer_gib)
 # a's 4 MiB block and `e` would need a new one, 20 MiB.)
 # ```
 
-# %%
-after_e = None                   # MiB owned right after e = pin(3)
-after_device_empty_cache = None  # MiB owned right after torch.cuda.empty_cache()
-pinned.check_owned_prediction(after_e, after_device_empty_cache)
-
 # %% [markdown]
 # Now run the script on the GPU (or read the lab's run). The dashed line is the model that
 # produced the expected answers; the labels count `cudaHostAlloc` / `cudaFreeHost` calls.
 
-# %%
+# %% tags=["hide-output"]
 life = ex.run("pinned.lifecycle")
 pinned.plot_lifecycle(life)
 
@@ -448,7 +451,7 @@ print(pinned.features_text())
 # exactly the addresses seen at capture, device *and host*. A captured copy from a pinned
 # buffer therefore reads the same host address on every replay. Three consequences:
 #
-# - the buffer must be pinned: a copy involving pageable memory synchronises, and capture
+# - the buffer must be pinned: a copy involving pageable memory synchronizes, and capture
 #   forbids that (PyTorch raises);
 # - the buffer must stay alive, at that address, as long as the graph may be replayed (from
 #   torch 2.11 the host allocator enforces this for pinned blocks allocated *during* capture:
@@ -465,7 +468,12 @@ print(pinned.features_text())
 # Which value does the next `graph.replay()` copy into `dev`? Predict, check, then run the
 # experiment.
 # ```
-#
+
+# %%
+answer_value = None  # the value dev holds after the replay
+pinned.check_graph_replay(answer_value)
+
+# %% [markdown]
 # ```{solution} ex-pinned-graph
 # :class: dropdown
 #
@@ -475,15 +483,11 @@ print(pinned.features_text())
 # at start-up, and keep them for the life of the program.
 # ```
 
-# %%
-answer_value = None  # the value dev holds after the replay
-pinned.check_graph_replay(answer_value)
-
-# %%
+# %% tags=["hide-output"]
 graph = ex.run("pinned.graph_replay")
 pinned.plot_graph_replay(graph)
 
-# %%
+# %% tags=["hide-output"]
 import textwrap  # noqa: E402
 
 error = graph["pageable_capture_error"]
@@ -532,12 +536,12 @@ pinned.claim_check("pinned.graph_reads_captured_address")
 # **Predict**: how does the time per batch change from 1 to 4 buffers for steady and for
 # bursty work? Which variant delivers wrong batches?
 
-# %%
+# %% tags=["hide-output"]
 ring_runs = [ex.run("pinned.double_buffer", buffers=n, compute=c)
              for c in ("steady", "bursty") for n in (1, 2, 3, 4)]
 pinned.plot_ring_sweep(ring_runs)
 
-# %%
+# %% tags=["hide-output"]
 print(pinned.ring_summary(ring_runs))
 
 # %% [markdown]
@@ -572,7 +576,14 @@ ex.panel("pinned.double_buffer", pinned.plot_double_buffer, params=["buffers", "
 # the first `n_buffers` batches are handed over in well under the 200 ms, that is, without
 # waiting for the GPU.
 # ```
-#
+
+# %%
+import torch  # noqa: E402  (for your loader)
+
+my_loader = None  # replace with your generator function my_loader(batches, n_buffers)
+pinned.check_loader(my_loader)
+
+# %% [markdown]
 # ````{solution} ex-pinned-loader
 # :class: dropdown
 #
@@ -599,12 +610,6 @@ ex.panel("pinned.double_buffer", pinned.plot_double_buffer, params=["buffers", "
 # and a side copy stream without `torch.cuda.current_stream().wait_event(...)` (data read
 # before it arrived).
 # ````
-
-# %%
-import torch  # noqa: E402  (for your loader)
-
-my_loader = None  # replace with your generator function my_loader(batches, n_buffers)
-pinned.check_loader(my_loader)
 
 # %% [markdown]
 # ## Applying this to your own code

@@ -89,11 +89,11 @@ syncs.check_run_ahead_prediction(no_sync_ms, every_step_ms)
 # longer hides behind GPU work.
 # ```
 
-# %%
+# %% tags=["hide-output"]
 loop = ex.run("syncs.run_ahead", host_ms=1.5, gpu_ms=2.0)
 syncs.plot_run_ahead(loop)
 
-# %%
+# %% tags=["hide-output"]
 syncs.run_ahead_table(loop)
 
 # %% [markdown]
@@ -237,7 +237,7 @@ syncs.check_classification(answers)
 # (its result stays a CUDA tensor until you ask for its value).
 # ```
 
-# %%
+# %% tags=["hide-output"]
 cat = ex.run("syncs.catalogue", cache=True)  # live: reuses the check's run
 syncs.plot_catalogue(cat)
 
@@ -278,7 +278,7 @@ syncs.show_claim("syncs.catalogue")
 
 # %% [markdown]
 # Switch the tensor size to 16 MiB and watch the pageable `non_blocking` copy change
-# colour. In the second panel, pick any operation and see how its wait grows with the
+# color. In the second panel, pick any operation and see how its wait grows with the
 # amount of queued work: a slope of 1 is the signature of a sync, and it distinguishes a
 # wait from an operation that is merely slow.
 
@@ -401,11 +401,6 @@ syncs.check_threshold(threshold_mib)
 # size, chosen so that a whole step takes about as long on the GPU as on the host, where a
 # sync costs most. Step time is the median period between the starts of consecutive
 # steps, measured with CUDA events.
-#
-# (While preparing this chapter the lab also timed a bare-bones version of the post's
-# story on the H200, outside the recorded experiments: four large matrix multiplies, the
-# helper, then 600 tiny launches. It went from 10.6 ms per step with the tuple index to
-# 7.2 ms with a device index. The post itself gives no timings.)
 
 # %%
 case = ex.run("syncs.case_study")
