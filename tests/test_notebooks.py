@@ -97,3 +97,14 @@ def test_notebook_executes_live_on_gpu(path):
     nb = _execute(path, "live")
     text = "\n".join(_texts(nb))
     assert "Live mode" in text
+
+
+@pytest.mark.parametrize("src", sorted((BOOK / "src").glob("ch*.py")), ids=lambda p: p.stem)
+def test_every_exercise_has_a_check_then_a_solution(src):
+    """Exercise, then the cell that calls its check, then the solution dropdown, in every chapter."""
+    from .booktools import exercise_layout
+
+    layout = exercise_layout(src.read_text())
+    assert len(layout) >= 4, "each chapter has at least four exercises"
+    for label, (exercise, check, solution) in layout.items():
+        assert exercise < check < solution, f"{label}: the solution should come after the check cell"

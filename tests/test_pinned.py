@@ -18,6 +18,7 @@ from experiments.device import Provenance
 from experiments.registry import Result
 
 from .test_device import PROV
+from .booktools import hidden_output_cells
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -678,43 +679,12 @@ def test_check_loader_without_an_answer_or_a_gpu(monkeypatch):
         pinned.check_loader(lambda b, n: iter(b), n_buffers=1)
 
 
-def _exercise_layout(src: str) -> dict[str, tuple[int, int, int]]:
-    """{label: (exercise cell, first code cell after it, solution cell)} of a jupytext source."""
-    import jupytext
 
-    cells = jupytext.reads(src, fmt="py:percent").cells
-    layout = {}
-    for i, cell in enumerate(cells):
-        m = re.search(r"\{exercise\}.*\n(?:.*\n)*?:label: (\S+)", cell.source)
-        if cell.cell_type != "markdown" or not m:
-            continue
-        label = m.group(1)
-        code = next(j for j in range(i + 1, len(cells)) if cells[j].cell_type == "code")
-        solution = next(k for k, c in enumerate(cells) if f"{{solution}} {label}" in c.source)
-        layout[label] = (i, code, solution)
-        assert "check_" in cells[code].source, f"{label}: the first code cell after it should call the check"
-    return layout
-
-
-def _hidden_output_cells(notebook: str) -> list[str]:
-    """Sources of the generated notebook's cells tagged hide-output."""
-    import nbformat
-
-    nb = nbformat.read(ROOT / "book" / notebook, as_version=4)
-    return [c.source for c in nb.cells if "hide-output" in c.metadata.get("tags", [])]
-
-
-def test_solutions_follow_the_check_cell():
-    """Exercise, then the cell that calls the check, then the solution dropdown (as in every chapter)."""
-    layout = _exercise_layout((ROOT / "book" / "src" / "ch3_pinned_memory.py").read_text())
-    assert len(layout) == 5
-    for label, (exercise, check, solution) in layout.items():
-        assert exercise < check < solution, f"{label}: the solution should come after the check cell"
 
 
 def test_outputs_that_answer_an_exercise_are_folded():
     """In the static book these outputs sit right below an exercise: hide-output folds them."""
-    hidden = _hidden_output_cells("ch3_pinned_memory.ipynb")
+    hidden = hidden_output_cells("ch3_pinned_memory.ipynb")
     for source in ("pinned.plot_lifecycle(life)",                                # ex 3.3
                    "pinned.plot_graph_replay(graph)",                            # ex 3.4
                    'pinned.claim_check("pinned.graph_reads_captured_address")',

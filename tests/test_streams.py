@@ -21,6 +21,8 @@ from experiments import streams_checks
 from experiments.streams_pipeline import (STRATEGIES, block_ids, buffer_numel, max_live_buffers, overlap_ms,
                                           union_intervals)
 
+from .booktools import hidden_output_cells
+
 MiB = 2**20
 ROOT = Path(__file__).resolve().parent.parent
 STREAMS_IDS = ("streams.strategies", "streams.pipeline", "streams.runahead", "streams.memory_cap", "streams.timeline")
@@ -464,55 +466,13 @@ def test_notebook_structure():
     assert "torch.cuda" not in code, "notebook code must go through ex.run / panels / checks"
 
 
-def test_notebook_is_in_sync():
-    import importlib.util
-
-    import nbformat
-
-    spec = importlib.util.spec_from_file_location("sync_notebooks", ROOT / "scripts" / "sync_notebooks.py")
-    sync = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sync)
-    built = nbformat.writes(sync.build(ROOT / "book" / "src" / "ch2_cross_stream.py", sync.repo_url()), version=4) + "\n"
-    assert (ROOT / "book" / "ch2_cross_stream.ipynb").read_text() == built, "run scripts/sync_notebooks.py"
 
 
-def _exercise_layout(src: str) -> dict[str, tuple[int, int, int]]:
-    """{label: (exercise cell, first code cell after it, solution cell)} of a jupytext source."""
-    import jupytext
-
-    cells = jupytext.reads(src, fmt="py:percent").cells
-    layout = {}
-    for i, cell in enumerate(cells):
-        m = re.search(r"\{exercise\}.*\n(?:.*\n)*?:label: (\S+)", cell.source)
-        if cell.cell_type != "markdown" or not m:
-            continue
-        label = m.group(1)
-        code = next(j for j in range(i + 1, len(cells)) if cells[j].cell_type == "code")
-        solution = next(k for k, c in enumerate(cells) if f"{{solution}} {label}" in c.source)
-        layout[label] = (i, code, solution)
-        assert "check_" in cells[code].source, f"{label}: the first code cell after it should call the check"
-    return layout
-
-
-def _hidden_output_cells(notebook: str) -> list[str]:
-    """Sources of the generated notebook's cells tagged hide-output."""
-    import nbformat
-
-    nb = nbformat.read(ROOT / "book" / notebook, as_version=4)
-    return [c.source for c in nb.cells if "hide-output" in c.metadata.get("tags", [])]
-
-
-def test_solutions_follow_the_check_cell():
-    """Exercise, then the cell that calls the check, then the solution dropdown (as in every chapter)."""
-    layout = _exercise_layout((ROOT / "book" / "src" / "ch2_cross_stream.py").read_text())
-    assert len(layout) == 6
-    for label, (exercise, check, solution) in layout.items():
-        assert exercise < check < solution, f"{label}: the solution should come after the check cell"
 
 
 def test_outputs_that_answer_an_exercise_are_folded():
     """In the static book these outputs sit right below an exercise: hide-output folds them."""
-    hidden = _hidden_output_cells("ch2_cross_stream.ipynb")
+    hidden = hidden_output_cells("ch2_cross_stream.ipynb")
     for source in ("streams.plot_strategies(race)", "streams.strategies_table(race)",  # ex 2.1
                    "streams.plot_runahead(sweep)", "streams.runahead_table(sweep)",    # ex 2.2
                    'params=["strategy", "consumer_ms", "host_delay_ms"',               # ex 2.3

@@ -24,6 +24,8 @@ from matplotlib.figure import Figure
 import experiments as ex
 from experiments import claims, registry, store, syncs, syncs_case, syncs_ops
 
+from .booktools import hidden_output_cells
+
 ROOT = Path(__file__).resolve().parent.parent
 SYNCS_IDS = ("syncs.run_ahead", "syncs.catalogue", "syncs.queue_probe", "syncs.pageable_threshold",
              "syncs.case_study", "syncs.blind_spots")
@@ -780,18 +782,6 @@ def test_notebook_cross_references():
     assert not re.search(r"^# #+ \d", src, re.MULTILINE), "headings carry no manual numbers"
 
 
-def test_notebook_is_in_sync():
-    import importlib.util
-
-    import nbformat
-
-    spec = importlib.util.spec_from_file_location("sync_notebooks", ROOT / "scripts" / "sync_notebooks.py")
-    sync = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sync)
-    built = nbformat.writes(sync.build(ROOT / "book" / "src" / "ch4_hidden_syncs.py", sync.repo_url()),
-                            version=4) + "\n"
-    assert (ROOT / "book" / "ch4_hidden_syncs.ipynb").read_text() == built, "run scripts/sync_notebooks.py"
-
 
 # ================================================================ recorded results (written by the lab GPU run)
 
@@ -925,43 +915,12 @@ def test_recorded_queue_probe_slopes(recorded_mode):
     assert abs(ex.run("syncs.queue_probe", op="full")["slope"]) < 0.1
 
 
-def _exercise_layout(src: str) -> dict[str, tuple[int, int, int]]:
-    """{label: (exercise cell, first code cell after it, solution cell)} of a jupytext source."""
-    import jupytext
 
-    cells = jupytext.reads(src, fmt="py:percent").cells
-    layout = {}
-    for i, cell in enumerate(cells):
-        m = re.search(r"\{exercise\}.*\n(?:.*\n)*?:label: (\S+)", cell.source)
-        if cell.cell_type != "markdown" or not m:
-            continue
-        label = m.group(1)
-        code = next(j for j in range(i + 1, len(cells)) if cells[j].cell_type == "code")
-        solution = next(k for k, c in enumerate(cells) if f"{{solution}} {label}" in c.source)
-        layout[label] = (i, code, solution)
-        assert "check_" in cells[code].source, f"{label}: the first code cell after it should call the check"
-    return layout
-
-
-def _hidden_output_cells(notebook: str) -> list[str]:
-    """Sources of the generated notebook's cells tagged hide-output."""
-    import nbformat
-
-    nb = nbformat.read(ROOT / "book" / notebook, as_version=4)
-    return [c.source for c in nb.cells if "hide-output" in c.metadata.get("tags", [])]
-
-
-def test_solutions_follow_the_check_cell():
-    """Exercise, then the cell that calls the check, then the solution dropdown (as in every chapter)."""
-    layout = _exercise_layout((ROOT / "book" / "src" / "ch4_hidden_syncs.py").read_text())
-    assert len(layout) == 5
-    for label, (exercise, check, solution) in layout.items():
-        assert exercise < check < solution, f"{label}: the solution should come after the check cell"
 
 
 def test_outputs_that_answer_an_exercise_are_folded():
     """In the static book these outputs sit right below an exercise: hide-output folds them."""
-    hidden = _hidden_output_cells("ch4_hidden_syncs.ipynb")
+    hidden = hidden_output_cells("ch4_hidden_syncs.ipynb")
     for source in ("syncs.plot_run_ahead(loop)", "syncs.run_ahead_table(loop)",  # ex 4.1
                    "syncs.plot_catalogue(cat)"):                                # ex 4.3 (which of these sync?)
         assert any(source in h for h in hidden), f"no hide-output tag on the cell with {source!r}"
