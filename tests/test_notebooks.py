@@ -104,7 +104,12 @@ def test_every_exercise_has_a_check_then_a_solution(src):
     """Exercise, then the cell that calls its check, then the solution dropdown, in every chapter."""
     from .booktools import exercise_layout
 
-    layout = exercise_layout(src.read_text())
+    text = src.read_text()
+    assert text.startswith("# %% [markdown]\n# # "), "the first cell is the chapter's title"
+    layout = exercise_layout(text)
     assert len(layout) >= 4, "each chapter has at least four exercises"
+    assert len(layout) == text.count(":label: ex-"), "every exercise label belongs to a parsed exercise"
     for label, (exercise, check, solution) in layout.items():
         assert exercise < check < solution, f"{label}: the solution should come after the check cell"
+        after = text[text.index(f"{{solution}} {label}"):].splitlines()[1]
+        assert after.strip("# ") == ":class: dropdown", f"{label}: the solution should be a dropdown"

@@ -744,14 +744,8 @@ def _notebook_source() -> str:
 def test_notebook_structure():
     import jupytext
 
-    src = _notebook_source()
+    src = _notebook_source()  # title, exercises and solutions: tests/test_notebooks.py, for every chapter
     nb = jupytext.reads(src, fmt="py:percent")
-    assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith("# ")
-    labels = [line.split(":label:")[1].strip() for line in src.splitlines() if ":label:" in line]
-    assert len(labels) >= 4
-    for label in labels:
-        assert f"{{solution}} {label}" in src, f"exercise {label} has no solution"
-    assert src.count(":class: dropdown") >= len(labels)
     for check in ("check_run_ahead_prediction", "check_bubble_cost", "check_classification", "check_threshold",
                   "check_sync_free_rewrite"):
         assert f"syncs.{check}(" in src
