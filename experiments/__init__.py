@@ -13,12 +13,13 @@ Typical page::
     ex.status()                      # live on your GPU, or recorded on the lab GPU
     r = ex.run("alloc.anatomy")      # the same call either way
 """
-from .checks import Feedback
-from .claims import claims_table
-from .device import NoGPUError, Provenance, has_cuda
-from .registry import Param, Result, experiment, get, resolve_mode, run, status, status_text
-from .store import NotRecordedError, RecordedFileError
-from .widgets import panel
+from .core import alloc_conf  # noqa: F401  (notebooks: from experiments import alloc_conf)
+from .core.checks import Feedback
+from .core.claims import claims_table
+from .core.device import NoGPUError, Provenance, has_cuda
+from .core.registry import Param, Result, experiment, get, resolve_mode, run, status, status_text
+from .core.store import NotRecordedError, RecordedFileError
+from .core.widgets import panel
 
 __all__ = [
     "Feedback", "NoGPUError", "NotRecordedError", "Param", "Provenance", "RecordedFileError", "Result",

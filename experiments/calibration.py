@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from .measure import fit_cycles_per_ms, gpu_sleep, summarize, time_gpu
-from .plotting import bars, new_figure, stamp
-from .registry import Param, Result, experiment
+from .core.measure import fit_cycles_per_ms, gpu_sleep, summarize, time_gpu
+from .core.plotting import bars, new_figure, stamp
+from .core.registry import Param, Result, experiment
 
 _STATS_SCHEMA = {
     "type": "object",

@@ -35,8 +35,8 @@ from typing import Any, Callable
 
 import pytest
 
-from .device import has_cuda
-from .sync_detector import SyncDetector, SyncError, no_gpu_message
+from .core.device import has_cuda
+from .syncs.detector import SyncDetector, SyncError, no_gpu_message
 
 MARKER_HELP = ("no_syncs(**options): fail the test if its body synchronizes host and GPU "
                "(options of experiments.sync_detector.SyncDetector; needs a CUDA GPU, else skipped)")

@@ -39,7 +39,7 @@ def probe() -> dict:
         free, total = torch.cuda.mem_get_info()
         report["free_bytes"], report["total_bytes"] = int(free), int(total)
         try:
-            from experiments.measure import calibrate_sleep
+            from experiments.core.measure import calibrate_sleep
 
             report["sleep_cycles_per_ms"] = calibrate_sleep()
         except Exception as e:  # a probe reports, it does not stop

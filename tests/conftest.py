@@ -4,7 +4,7 @@ from __future__ import annotations
 import matplotlib
 import pytest
 
-from experiments.device import has_cuda
+from experiments.core.device import has_cuda
 
 # Off-screen plots in this process only: notebook kernels started by the tests must keep
 # their inline backend, so the backend is not set through the environment.

@@ -11,13 +11,18 @@ import pytest
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from experiments import alloc_conf, allocator, allocator_gpu, claims, registry, store
-from experiments.allocator_model import AllocatorConfig, MiB, simulate
-from experiments.allocator_snapshot import (
+from experiments.core import alloc_conf, claims, registry, store
+
+from experiments import allocator
+from experiments.allocator import measurements as alloc_meas
+
+from experiments.allocator import gpu as allocator_gpu
+from experiments.allocator.model import AllocatorConfig, MiB, simulate
+from experiments.allocator.snapshot import (
     PoolIdsMissingError, format_figure, fragmentation_index, layout_summary, load_snapshot, oom_rows,
     parse_oom_message, parse_segments,
 )
-from experiments.registry import Result
+from experiments.core.registry import Result
 
 # An out-of-memory message as torch 2.11 printed it on the lab H200 (allocator-rules.md §I.4).
 LAB_OOM = """CUDA out of memory. Tried to allocate 1.40 GiB. GPU 0 has a total capacity of
@@ -85,7 +90,7 @@ class FakeFreshProcesses:
 
     def __call__(self, target, kwargs=None, *, alloc_conf_settings=None, memory_cap_mib=None, memory_fraction=None,
                  timeout_s=120.0, env=None):
-        from experiments.runner import FreshResult
+        from experiments.core.runner import FreshResult
 
         settings = alloc_conf_settings
         self.calls.append((target.rpartition(":")[2], settings, memory_cap_mib))
@@ -115,16 +120,16 @@ def fake_layouts(groups):
 @pytest.fixture
 def fake_gpu(monkeypatch):
     """The allocator model in place of the GPU, at the fresh-process boundary (data assembly only)."""
-    from experiments import runner
+    from experiments.core import runner
 
     fresh = FakeFreshProcesses()
     monkeypatch.setattr(runner, "run_fresh", fresh)
-    monkeypatch.setattr(allocator, "require_cuda", lambda *a, **k: None)
-    monkeypatch.setattr(allocator, "check_fits", lambda *a, **k: None)
+    monkeypatch.setattr(alloc_meas, "require_cuda", lambda *a, **k: None)
+    monkeypatch.setattr(alloc_meas, "check_fits", lambda *a, **k: None)
     monkeypatch.setattr(allocator_gpu, "measure_layouts", fake_layouts)
-    allocator._kept.clear()
+    alloc_meas._kept.clear()
     yield fresh
-    allocator._kept.clear()
+    alloc_meas._kept.clear()
 
 
 @pytest.fixture
@@ -314,17 +319,17 @@ def test_recording_the_chapter_takes_five_fresh_processes(fake_gpu):
         ("shared_worker", "", None), ("shared_worker", "{'expandable_segments': True}", None),
         ("sequences_worker", "{'max_split_size_mb': 64}", 384), ("sequences_worker", "{'roundup_power2_divisions': 4}", 384),
         ("sequences_worker", "{'garbage_collection_threshold': 0.5}", 384)]), targets
-    assert not allocator._kept, "every result a shared process measured was used"
+    assert not alloc_meas._kept, "every result a shared process measured was used"
 
 
 def test_a_shared_result_is_handed_out_once_and_not_for_long(fake_gpu, monkeypatch):
     allocator.timeline(small_mib=16, expandable=False)
-    assert len(fake_gpu.calls) == 1 and ("default", "pool_boundary") in allocator._kept
+    assert len(fake_gpu.calls) == 1 and ("default", "pool_boundary") in alloc_meas._kept
     allocator.pool_boundary(expandable=False)          # kept for it: no new process
     assert len(fake_gpu.calls) == 1
     allocator.pool_boundary(expandable=False)          # asked again: measured again
     assert len(fake_gpu.calls) == 2
-    monkeypatch.setattr(allocator, "SHARE_WINDOW_S", -1.0)
+    monkeypatch.setattr(alloc_meas, "SHARE_WINDOW_S", -1.0)
     allocator.fragmentation_oom(expandable=False)      # kept, but too old
     assert len(fake_gpu.calls) == 3
 
@@ -392,11 +397,11 @@ def test_request_table_data_and_claim(fake_gpu):
     assert len(data["probes"]) == len(allocator.PROBE_SIZES)
     eleven = next(p for p in data["probes"] if p["request_bytes"] == 11 * MiB)
     assert (eleven["block_bytes"], eleven["segment_bytes"], eleven["split"]) == (12 * MiB, 12 * MiB, False)
-    holds, measured = allocator._claim_rounding(data)
+    holds, measured = alloc_meas._claim_rounding(data)
     assert holds and measured["probes"] == 19
     data["probes"][3]["block_bytes"] += 512           # a block the rule does not predict
     data["probes"][9]["segment_bytes"] = 4 * MiB      # a segment of the wrong size
-    holds, measured = allocator._claim_rounding(data)
+    holds, measured = alloc_meas._claim_rounding(data)
     assert not holds and measured["mismatched sizes (B)"] == [513, 2 * MiB]
 
 
@@ -423,12 +428,12 @@ def test_fragmentation_oom_data_and_claim(fake_gpu):
     inter = data["patterns"]["interleave"]
     assert inter["figures"]["reserved_unallocated_bytes"] == 176 * MiB and inter["figures"]["allowed_bytes"] == 384 * MiB
     assert inter["reserved_before_request_bytes"] == 352 * MiB and inter["allocated_before_request_bytes"] == 176 * MiB
-    holds, measured = allocator._claim_fragmentation_oom(data)
+    holds, measured = alloc_meas._claim_fragmentation_oom(data)
     assert holds and measured["figures from"] == "OOM message" and measured["reserved but unallocated MiB"] == 176
     inter["figures"] = None                       # an unparsable message: the counters decide
-    assert allocator._claim_fragmentation_oom(data)[1]["figures from"] == "memory_stats"
+    assert alloc_meas._claim_fragmentation_oom(data)[1]["figures from"] == "memory_stats"
     inter["oom"] = False
-    assert not allocator._claim_fragmentation_oom(data)[0]
+    assert not alloc_meas._claim_fragmentation_oom(data)[0]
     exp = validated("alloc.fragmentation_oom", allocator.fragmentation_oom(expandable=True))
     assert {k: p["oom"] for k, p in exp["patterns"].items()} == {"shrink": False, "interleave": True, "grouped": False}
     assert data["cap_mib"] == allocator.OOM_CAP_MIB == 384 and claims.get_claim("alloc.fragmentation_oom").params == {
@@ -437,7 +442,7 @@ def test_fragmentation_oom_data_and_claim(fake_gpu):
     assert inter["failed_request_bytes"] == 64 * MiB and inter["failed_label"] == "alloc request (64 MiB) → OOM"
     early = copy.deepcopy(data)                   # a failure in phase 1 is not the claim's failure
     early["patterns"]["interleave"]["reached_request"] = False
-    assert not allocator._claim_fragmentation_oom(early)[0]
+    assert not alloc_meas._claim_fragmentation_oom(early)[0]
 
 
 def test_the_default_cap_is_the_point_measured_before_caps_were_a_parameter(fake_gpu):
@@ -446,7 +451,7 @@ def test_the_default_cap_is_the_point_measured_before_caps_were_a_parameter(fake
     explicit = validated("alloc.fragmentation_oom", allocator.fragmentation_oom(cap_mib=allocator.OOM_CAP_MIB))
     assert default == explicit and default["cap_bytes"] == allocator.OOM_CAP_MIB * MiB
     measured = {n: model_run(allocator.oom_ops(n), cap_mib=allocator.OOM_CAP_MIB) for n in allocator.OOM_PATTERNS}
-    assert allocator._oom_data(store.to_jsonable(measured), expandable=False) == default
+    assert alloc_meas._oom_data(store.to_jsonable(measured), expandable=False) == default
 
 
 @pytest.mark.parametrize("expandable", [False, True])
@@ -508,7 +513,7 @@ def test_oom_message_that_cannot_be_parsed_is_kept():
     garbled = {name: {**r, "oom": r["oom"] and {**r["oom"], "message": "CUDA out of memory. (a future wording)"}}
                for name, r in ((n, model_run(allocator.oom_ops(n), cap_mib=allocator.OOM_CAP_MIB))
                                for n in allocator.OOM_PATTERNS)}
-    p = allocator._oom_data(garbled, expandable=False)["patterns"]["interleave"]
+    p = alloc_meas._oom_data(garbled, expandable=False)["patterns"]["interleave"]
     assert p["figures"] is None and "Tried to allocate" in p["parse_error"] and p["oom"]
 
 
@@ -517,9 +522,9 @@ def test_pool_boundary_data_and_claim(fake_gpu):
         data = validated("alloc.pool_boundary", allocator.pool_boundary(expandable=expandable))
         sweep = data["sweep"]
         assert [r // MiB for r in sweep["reserved_bytes"]] == [22, 22, 22, 22, 20, 20, 20, 20, 20, 20]
-        assert allocator._claim_pool_boundary(data)[0]
+        assert alloc_meas._claim_pool_boundary(data)[0]
     data["small_to_large"]["reserved_after_bytes"] = data["small_to_large"]["reserved_before_bytes"]
-    holds, measured = allocator._claim_pool_boundary(data)
+    holds, measured = alloc_meas._claim_pool_boundary(data)
     assert not holds and measured["reserved growth MiB"] == 0
 
 
@@ -567,12 +572,12 @@ def test_graph_capture_ops_follow_the_mlp():
 def test_graph_pools_data_and_the_model(fake_gpu):
     data = validated("alloc.graph_pools", allocator.graph_pools(expandable=False))
     assert data["expandable_in_effect"] is False and "_alloc_conf" not in data
-    assert allocator._claim_order_matters(data)[0]
+    assert alloc_meas._claim_order_matters(data)[0]
     pred = allocator.predict_graph_pools(data, expandable=False)
     assert {v: (o["increasing"][-1] // MiB, o["decreasing"][-1] // MiB) for v, o in pred.items()} == {
         "no_grad": (384, 128), "autograd": (572, 192)}
     exp = validated("alloc.graph_pools", allocator.graph_pools(expandable=True))
-    assert exp["expandable_in_effect"] is True and allocator._claim_expandable_order_free(exp)[0]
+    assert exp["expandable_in_effect"] is True and alloc_meas._claim_expandable_order_free(exp)[0]
     pred = allocator.predict_graph_pools(exp, expandable=True)
     assert {v: (o["increasing"][-1] // MiB, o["decreasing"][-1] // MiB) for v, o in pred.items()} == {
         "no_grad": (140, 140), "autograd": (200, 200)}
@@ -589,30 +594,30 @@ def test_explain_setting_error(monkeypatch):
 
 def test_claim_predicates_reject_data_that_contradicts_them(lab):
     graphs = lab("alloc.graph_pools", expandable=False).data
-    holds, m = allocator._claim_order_matters(graphs)
+    holds, m = alloc_meas._claim_order_matters(graphs)
     assert holds and m["ratio"] == pytest.approx(graphs["increasing"]["reserved_growth_bytes"]
                                                  / graphs["decreasing"]["reserved_growth_bytes"])
     flat = copy.deepcopy(graphs)
     flat["increasing"]["reserved_growth_bytes"] = flat["decreasing"]["reserved_growth_bytes"]
-    assert not allocator._claim_order_matters(flat)[0]
+    assert not alloc_meas._claim_order_matters(flat)[0]
     expandable = lab("alloc.graph_pools", expandable=True).data
-    assert allocator._claim_expandable_order_free(expandable)[0]
+    assert alloc_meas._claim_expandable_order_free(expandable)[0]
     apart = copy.deepcopy(expandable)
     apart["increasing"]["reserved_growth_bytes"] = 2 * apart["decreasing"]["reserved_growth_bytes"]
-    assert not allocator._claim_expandable_order_free(apart)[0]
+    assert not alloc_meas._claim_expandable_order_free(apart)[0]
     not_in_effect = dict(expandable, expandable_in_effect=False)     # the setting did not take
-    assert not allocator._claim_expandable_order_free(not_in_effect)[0]
+    assert not alloc_meas._claim_expandable_order_free(not_in_effect)[0]
     boundary = copy.deepcopy(lab("alloc.pool_boundary").data)
-    assert allocator._claim_pool_boundary(boundary)[0]
+    assert alloc_meas._claim_pool_boundary(boundary)[0]
     keep = [i for i, n in enumerate(boundary["sweep"]["sizes_bytes"]) if n > MiB]   # no request at or below 1 MiB
     for key in ("sizes_bytes", "first_reserved_bytes", "reserved_bytes"):
         boundary["sweep"][key] = [boundary["sweep"][key][i] for i in keep]
-    holds, m = allocator._claim_pool_boundary(boundary)
+    holds, m = alloc_meas._claim_pool_boundary(boundary)
     assert not holds and m["≤ 1 MiB requests after a freed 2 MiB block grew"] is False
     oom = copy.deepcopy(lab("alloc.fragmentation_oom").data)
-    assert allocator._claim_fragmentation_oom(oom)[0]
+    assert alloc_meas._claim_fragmentation_oom(oom)[0]
     oom["patterns"]["interleave"]["figures"]["reserved_unallocated_bytes"] = 32 * MiB
-    assert not allocator._claim_fragmentation_oom(oom)[0]
+    assert not alloc_meas._claim_fragmentation_oom(oom)[0]
 
 
 def test_claims_table_from_the_lab_recording(lab):
@@ -871,7 +876,7 @@ def test_lab_recording_of_graph_pools_agrees_with_the_model(lab):
         d = lab("alloc.graph_pools", expandable=expandable).data
         assert d["expandable_in_effect"] is expandable
         pred = allocator.predict_graph_pools(d, expandable)
-        for variant, orders in allocator._graph_variants(d).items():
+        for variant, orders in alloc_meas._graph_variants(d).items():
             for order, o in orders.items():
                 assert o["pool_reserved_bytes"] == pred[variant][order][-1], (expandable, variant, order)
                 if o.get("pool_after_each_bytes") is not None:

@@ -8,8 +8,11 @@ import random
 
 import pytest
 
-from experiments import allocator, claims, registry
-from experiments.allocator_model import MiB, compact_layout, simulate
+from experiments import allocator
+from experiments.allocator import measurements as alloc_meas
+
+from experiments.core import claims, registry
+from experiments.allocator.model import MiB, compact_layout, simulate
 
 pytestmark = pytest.mark.gpu
 
@@ -47,11 +50,11 @@ def test_anatomy_matches_the_model(point):
 
 
 def test_private_pool_and_fresh_process_give_the_same_layouts():
-    from experiments.allocator_gpu import layouts_in_mempools, mempool_available
-    from experiments.runner import run_fresh
+    from experiments.allocator.gpu import layouts_in_mempools, mempool_available
+    from experiments.core.runner import run_fresh
 
     groups = [[1000] * 3, [5 * MiB] * 3, [11 * MiB] * 3, [MiB, MiB + 1]]
-    fresh = run_fresh("experiments.allocator_gpu:layouts_worker", {"groups": groups}, timeout_s=180).unwrap()
+    fresh = run_fresh("experiments.allocator.gpu:layouts_worker", {"groups": groups}, timeout_s=180).unwrap()
     model = [simulate([("alloc", f"t{i}", n) for i, n in enumerate(g)] + [("snapshot", "s")])["snapshots"]["s"]
              for g in groups]
     for g, f, m in zip(groups, fresh, model):
@@ -65,7 +68,7 @@ def test_private_pool_and_fresh_process_give_the_same_layouts():
 def test_parse_a_real_snapshot():
     import torch
 
-    from experiments.allocator_snapshot import parse_segments
+    from experiments.allocator.snapshot import parse_segments
 
     if not hasattr(torch.cuda, "MemPool"):
         pytest.skip("torch.cuda.MemPool needs torch 2.6+")
@@ -141,7 +144,7 @@ def test_claim_fragmentation_oom():
 @pytest.mark.parametrize("expandable", [False, True])
 def test_graph_pools_replay_and_release(expandable):
     d = live("alloc.graph_pools", expandable=expandable).data
-    variants = allocator._graph_variants(d)
+    variants = alloc_meas._graph_variants(d)
     assert set(variants) == {"no_grad", "autograd"}, "both capture styles are measured"
     for variant, orders in variants.items():
         for order, o in orders.items():
@@ -162,7 +165,7 @@ def test_graph_pools_hold_what_the_model_predicts(expandable):
     if d["increasing"]["pool_after_each_bytes"] is None:
         pytest.skip("this torch's snapshots do not tell pools apart")
     pred = allocator.predict_graph_pools(d, expandable)
-    for variant, orders in allocator._graph_variants(d).items():
+    for variant, orders in alloc_meas._graph_variants(d).items():
         for order, o in orders.items():
             assert o["pool_after_each_bytes"] == pred[variant][order], (
                 f"{variant}, {order}: pool MiB after each capture measured {mib(o['pool_after_each_bytes'])}, "
@@ -196,7 +199,7 @@ def test_pool_boundary_matches_the_model(expandable):
         f"model {mib(sw['predicted_reserved_bytes'])}")
     s = d["small_to_large"]
     assert s["reserved_after_bytes"] == s["predicted_after_bytes"], (s["reserved_after_bytes"], s["predicted_after_bytes"])
-    holds, measured = allocator._claim_pool_boundary(d)
+    holds, measured = alloc_meas._claim_pool_boundary(d)
     assert holds, measured
 
 
@@ -224,13 +227,13 @@ def test_knobs_match_the_model():
 # --------------------------------------------------------------------------- shared fresh processes
 
 def test_shared_worker_caps_each_job_and_reports_failures_as_data():
-    from experiments.runner import run_fresh
+    from experiments.core.runner import run_fresh
 
     ops = allocator.normalize_ops(allocator.oom_ops("interleave"))
     jobs = {"capped": {"sequences": {"interleave": ops}, "cap_mib": allocator.OOM_CAP_MIB},
             "uncapped": {"sequences": {"interleave": ops}},
             "broken": {"graph_pools": {"dtype": "float8"}}}
-    out = run_fresh("experiments.allocator_gpu:shared_worker", {"jobs": jobs}, timeout_s=300).unwrap()
+    out = run_fresh("experiments.allocator.gpu:shared_worker", {"jobs": jobs}, timeout_s=300).unwrap()
     assert out["capped"]["ok"] and out["capped"]["value"]["interleave"]["oom"] is not None, out["capped"]
     assert out["uncapped"]["ok"] and out["uncapped"]["value"]["interleave"]["oom"] is None, (
         "the uncapped job ran first, so no cap applied to it")
@@ -243,7 +246,7 @@ def test_recording_the_chapter_fits_the_time_budget(tmp_path):
     processes; it took 88 s with fifteen)."""
     import time
 
-    allocator._kept.clear()
+    alloc_meas._kept.clear()
     t0 = time.perf_counter()
     paths, failures = registry.record(registry.all_experiments(1), root=tmp_path, progress=False)
     elapsed = time.perf_counter() - t0
@@ -282,7 +285,7 @@ def test_model_follows_the_gpu_on_a_random_trace(expandable):
     driver's addresses; 150 ops stay clear of address ties with the model's own addresses)."""
     settings = {"expandable_segments": True} if expandable else None
     ops = random_trace(20260601 + expandable)
-    measured = allocator._fresh_sequences({"trace": ops}, settings=settings)["trace"]
+    measured = alloc_meas._fresh_sequences({"trace": ops}, settings=settings)["trace"]
     predicted = simulate(ops, settings)
     for i, (mr, pr, ma, pa) in enumerate(zip(measured["reserved_bytes"], predicted["reserved_bytes"],
                                              measured["allocated_bytes"], predicted["allocated_bytes"])):

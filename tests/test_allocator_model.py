@@ -2,7 +2,7 @@
 and seed-posts.md §4.3 (all measured on the lab GPU with torch 2.11)."""
 import pytest
 
-from experiments.allocator_model import (
+from experiments.allocator.model import (
     KiB, MiB, AllocatorConfig, CachingAllocatorModel, ModelOutOfMemoryError, allocation_size, compact_layout,
     format_bytes, normalize_ops, parse_roundup_divisions, parse_size, pool_of, request_anatomy, round_size,
     should_split, simulate,
@@ -252,7 +252,7 @@ def test_simulate_stops_at_the_first_oom_with_a_snapshot():
 def test_each_cap_of_the_fragmentation_experiment_is_clear_of_a_threshold(expandable):
     """alloc.fragmentation_oom sets its cap as a fraction of the GPU's memory; the model must predict the same
     outcome (which operation fails, if any) a few MiB either side of each cap it offers."""
-    from experiments.allocator_workloads import OOM_CAP_CHOICES, OOM_PATTERNS, oom_ops
+    from experiments.allocator.workloads import OOM_CAP_CHOICES, OOM_PATTERNS, oom_ops
 
     def outcomes(cap_bytes):
         runs = {p: simulate(oom_ops(p), EXP if expandable else None, cap_bytes=cap_bytes) for p in OOM_PATTERNS}
@@ -267,7 +267,7 @@ def test_each_cap_of_the_fragmentation_experiment_is_clear_of_a_threshold(expand
 def test_the_fragmentation_caps_cover_three_outcomes():
     """Below the first phase every pattern fails there; at the default cap the fragmented patterns fail on the
     64 MiB request and 'grouped' fits; at the largest cap everything fits."""
-    from experiments.allocator_workloads import (
+    from experiments.allocator.workloads import (
         OOM_CAP_CHOICES, OOM_CAP_MIB, OOM_FILL_COUNT, OOM_PATTERNS, OOM_REQUEST_MIB, oom_ops,
     )
 

@@ -1,5 +1,5 @@
-from experiments import checks
-from experiments.checks import Feedback
+from experiments.core import checks
+from experiments.core.checks import Feedback
 
 
 def test_check_number():

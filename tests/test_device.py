@@ -1,7 +1,7 @@
 import pytest
 
-from experiments import device
-from experiments.device import NoGPUError, Provenance, gpu_slug
+from experiments.core import device
+from experiments.core.device import NoGPUError, Provenance, gpu_slug
 
 PROV = dict(gpu_name="NVIDIA H200", compute_capability="9.0", total_memory_bytes=150109880320,
             driver="580.159.04", cuda="13.0", torch="2.11.0+cu130", python="3.12.3",

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from experiments import measure
-from experiments.measure import MemoryStats
+from experiments.core import measure
+from experiments.core.measure import MemoryStats
 
 
 def test_summarize_matches_numpy():

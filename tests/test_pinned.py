@@ -12,10 +12,12 @@ import pytest
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from experiments import claims, pinned, registry, store
-from experiments import pinned_support as sup
-from experiments.device import Provenance
-from experiments.registry import Result
+from experiments.core import claims, registry, store
+
+from experiments import pinned
+from experiments.pinned import model as sup
+from experiments.core.device import Provenance
+from experiments.core.registry import Result
 
 from .test_device import PROV
 from .booktools import hidden_output_cells
@@ -672,7 +674,7 @@ def test_judge_loader_names_what_went_wrong(kw, text):
 def test_check_loader_without_an_answer_or_a_gpu(monkeypatch):
     assert pinned.check_loader(None).correct is None
     assert pinned.check_loader(42).correct is False
-    monkeypatch.setattr("experiments.pinned_exercises.has_cuda", lambda: False)
+    monkeypatch.setattr("experiments.pinned.checks.has_cuda", lambda: False)
     fb = pinned.check_loader(lambda batches, n: iter(batches))
     assert fb.correct is None and "GPU" in fb.message
     with pytest.raises(ValueError, match="n_buffers must be >= 2"):

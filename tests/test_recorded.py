@@ -1,7 +1,7 @@
 """The recorded results the book renders: complete, valid, from the lab GPU, and the claims hold."""
 import pytest
 
-from experiments import claims, registry, store
+from experiments.core import claims, registry, store
 
 LAB_GPU = "nvidia-h200"
 

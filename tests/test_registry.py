@@ -1,8 +1,8 @@
 import pytest
 
-from experiments import registry, store
-from experiments.device import Provenance, has_cuda
-from experiments.registry import Param
+from experiments.core import registry, store
+from experiments.core.device import Provenance, has_cuda
+from experiments.core.registry import Param
 
 from .test_device import PROV
 
@@ -131,7 +131,7 @@ def test_run_validates_before_anything_else(toy_experiment):
 
 @pytest.mark.skipif(has_cuda(), reason="checks the no-GPU path")
 def test_live_mode_without_gpu_says_so(toy_experiment):
-    from experiments.device import NoGPUError
+    from experiments.core.device import NoGPUError
 
     with pytest.raises(NoGPUError, match="test.toy"):
         registry.run("test.toy", mode="live")
@@ -163,7 +163,7 @@ def test_run_live_on_gpu_has_live_provenance():
 
 
 def test_messages_suggest_near_misses_and_read_well():
-    from experiments.text import close_names, number
+    from experiments.core.text import close_names, number
 
     assert close_names("streams.pipelin", ["streams.pipeline", "streams.runahead"]) == " (did you mean 'streams.pipeline'?)"
     assert close_names("zzz", ["streams.pipeline"]) == ""

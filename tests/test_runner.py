@@ -3,8 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments import alloc_conf, runner
-from experiments.alloc_conf import UnsupportedOptionError
+from experiments.core import alloc_conf, runner
+from experiments.core.alloc_conf import UnsupportedOptionError
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {"PYTHONPATH": os.pathsep.join([str(ROOT)])}
@@ -51,7 +51,7 @@ def test_unserialisable_results_are_errors():
     assert r.error_kind == "error" and "cannot store" in r.message
 
 
-@pytest.mark.skipif(__import__("experiments.device", fromlist=["x"]).has_cuda(), reason="no-GPU path")
+@pytest.mark.skipif(__import__("experiments.core.device", fromlist=["x"]).has_cuda(), reason="no-GPU path")
 def test_memory_cap_without_gpu_is_a_clear_error():
     r = runner.run_fresh("tests.fresh_targets:echo", memory_cap_mib=512, env=ENV)
     assert r.error_kind == "error" and "needs a CUDA GPU" in r.message

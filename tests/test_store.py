@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from experiments import store
-from experiments.device import Provenance
-from experiments.store import NotRecordedError, RecordedFileError, RecordedPoint
+from experiments.core import store
+from experiments.core.device import Provenance
+from experiments.core.store import NotRecordedError, RecordedFileError, RecordedPoint
 
 from .test_device import PROV
 

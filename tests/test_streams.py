@@ -15,10 +15,11 @@ import pytest
 from matplotlib.figure import Figure
 
 import experiments as ex
-from experiments import claims, registry, store
+from experiments.core import claims, registry, store
 from experiments import streams
-from experiments import streams_checks
-from experiments.streams_pipeline import (STRATEGIES, block_ids, buffer_numel, max_live_buffers, overlap_ms,
+from experiments.streams import measurements as streams_meas
+from experiments.streams import checks as streams_checks
+from experiments.streams.workloads import (STRATEGIES, block_ids, buffer_numel, max_live_buffers, overlap_ms,
                                           union_intervals)
 
 from .booktools import hidden_output_cells
@@ -116,13 +117,13 @@ def test_validate_cap_messages():
 
 
 def test_sizes_beyond_the_device_are_rejected(monkeypatch):
-    import experiments.device as device
+    import experiments.core.device as device
 
     monkeypatch.setattr(device, "total_memory_bytes", lambda device=0: 16 * 2**30)
     with pytest.raises(ValueError, match=r"layers × buffer_mib needs 65536 MiB"):
         streams.pipeline(strategy="record_stream", layers=64, buffer_mib=1024)
     # the event handoff holds (in_flight + 1) buffers only, so the same layers fit
-    streams._size_check("event", 64, 1024, 1)
+    streams_meas._size_check("event", 64, 1024, 1)
     with pytest.raises(ValueError, match="cap_mib"):
         streams.memory_cap(cap_mib=16000, layers=128, buffer_mib=256)
 
@@ -170,7 +171,7 @@ def test_claim_predicates_report_the_recorded_figures():
     assert holds and (m["corrupted trials"], m["trials"]) == (u["corrupted_trials"], u["trials"])
     holds, m = claims.get_claim("streams.fixes_correct").predicate(race.data)
     assert holds and m["record_stream: corrupted trials"] == race["results"]["record_stream"]["corrupted_trials"]
-    lo, hi = streams._extreme_points(sweep.data)
+    lo, hi = streams_meas._extreme_points(sweep.data)
     act, alloc = sweep["record_stream"]["peak_active_bytes"], sweep["record_stream"]["peak_allocated_bytes"]
     holds, m = claims.get_claim("streams.record_stream_runahead").predicate(sweep.data)
     assert holds and m["ratio"] == pytest.approx(act[hi] / act[lo])
@@ -215,7 +216,7 @@ def test_claims_fail_when_the_data_says_so():
 
 def test_runahead_extremes_are_found_by_runahead_not_position():
     sweep = recorded("streams.runahead").data
-    lo, hi = streams._extreme_points(sweep)
+    lo, hi = streams_meas._extreme_points(sweep)
     assert sweep["points"][lo] == {"consumer_ms": 10.0, "host_delay_ms": 20.0, "runahead_ms": -10.0}
     assert sweep["points"][hi]["runahead_ms"] == max(c - h for c, h in streams.RUNAHEAD_POINTS)
 
@@ -647,7 +648,7 @@ def test_live_runahead(live_mode):
     for cid in ("streams.record_stream_runahead", "streams.event_bounded", "streams.allocated_misses_parked"):
         holds, measured = claims.get_claim(cid).predicate(r.data)
         assert holds, f"{cid} does not hold: {measured}"
-    lo, hi = streams._extreme_points(r.data)
+    lo, hi = streams_meas._extreme_points(r.data)
     rs = r["record_stream"]
     assert rs["distinct_blocks"][hi] >= 0.9 * r["layers"], rs["distinct_blocks"]
     assert rs["distinct_blocks"][lo] <= 2, rs["distinct_blocks"]

@@ -15,8 +15,8 @@ import warnings
 import pytest
 import torch
 
-from experiments import sync_detector as sd
-from experiments.device import NoGPUError, has_cuda
+from experiments.syncs import detector as sd
+from experiments.core.device import NoGPUError, has_cuda
 
 pytest_plugins = ["pytester"]
 
@@ -386,13 +386,13 @@ def _warm(fn):
 
 
 def _syncing_ops():
-    from experiments.syncs_ops import OPS
+    from experiments.syncs.ops import OPS
 
     return [op.id for op in OPS if op.expected_sync is True]
 
 
 def _quiet_ops():
-    from experiments.syncs_ops import OPS
+    from experiments.syncs.ops import OPS
 
     return [op.id for op in OPS if op.expected_sync is False]
 
@@ -400,7 +400,7 @@ def _quiet_ops():
 @pytest.mark.gpu
 @pytest.mark.parametrize("op_id", _syncing_ops())
 def test_gpu_known_syncing_operations_are_caught(op_id):
-    from experiments.syncs_ops import OPS_BY_ID
+    from experiments.syncs.ops import OPS_BY_ID
 
     fn = _warm(OPS_BY_ID[op_id].build(4096, torch.device("cuda")))
     with sd.no_syncs(mode="report") as det:
@@ -412,7 +412,7 @@ def test_gpu_known_syncing_operations_are_caught(op_id):
 @pytest.mark.gpu
 @pytest.mark.parametrize("op_id", _quiet_ops())
 def test_gpu_known_non_syncing_operations_pass(op_id):
-    from experiments.syncs_ops import OPS_BY_ID
+    from experiments.syncs.ops import OPS_BY_ID
 
     fn = _warm(OPS_BY_ID[op_id].build(4096, torch.device("cuda")))
     with sd.no_syncs(mode="report") as det:
@@ -437,7 +437,7 @@ def test_gpu_a_synchronize_bound_before_the_block_goes_unreported():
     detector has learnt to see such calls: update the warning in the chapter."""
     from torch.cuda import synchronize as bound_early
 
-    from experiments.measure import gpu_sleep
+    from experiments.core.measure import gpu_sleep
 
     gpu_sleep(1.0)  # calibrates the sleep kernel (which syncs) before the block
     bound_early()

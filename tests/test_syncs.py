@@ -22,7 +22,10 @@ import pytest
 from matplotlib.figure import Figure
 
 import experiments as ex
-from experiments import claims, registry, store, syncs, syncs_case, syncs_ops
+from experiments.core import claims, registry, store
+from experiments import syncs
+from experiments.syncs import measurements as syncs_meas
+from experiments.syncs import case as syncs_case, ops as syncs_ops
 
 from .booktools import hidden_output_cells
 
@@ -192,9 +195,9 @@ def test_copy_threshold():
 
 
 def test_slope_fit():
-    assert syncs._slope([0, 5, 10], [0.1, 5.1, 10.1]) == pytest.approx(1.0)
-    assert syncs._slope([0, 5, 10], [0.03] * 3) == pytest.approx(0.0)
-    assert syncs._slope([5, 5], [1.0, 2.0]) == 0.0
+    assert syncs_meas._slope([0, 5, 10], [0.1, 5.1, 10.1]) == pytest.approx(1.0)
+    assert syncs_meas._slope([0, 5, 10], [0.03] * 3) == pytest.approx(0.0)
+    assert syncs_meas._slope([5, 5], [1.0, 2.0]) == 0.0
 
 
 def test_reduce_grad_stats_on_cpu():
@@ -211,7 +214,7 @@ def test_reduce_grad_stats_on_cpu():
 def test_group_stats_columns():
     import torch
 
-    from experiments.syncs_case import group_stats
+    from experiments.syncs.case import group_stats
 
     g = [torch.tensor([[0.0, -2.0], [0.5, 3.0]]), torch.tensor([float("inf")])]
     row = group_stats(g)
@@ -222,7 +225,7 @@ def test_group_stats_columns():
 def test_training_step_groups_on_cpu():
     import torch
 
-    from experiments.syncs_case import TrainingStep, reduce_grad_stats_fixed
+    from experiments.syncs.case import TrainingStep, reduce_grad_stats_fixed
 
     ts = TrainingStep(device=torch.device("cpu"), width=16, layers=4, batch=8)
     assert [len(g["params"]) for g in ts.opt.param_groups] == [2, 3, 5, 8]
@@ -234,7 +237,7 @@ def test_training_step_groups_on_cpu():
 def test_update_clips_the_gradients():
     import torch
 
-    from experiments.syncs_case import TrainingStep
+    from experiments.syncs.case import TrainingStep
 
     ts = TrainingStep(device=torch.device("cpu"), width=16, layers=4, batch=8, max_grad_norm=1e-3)
     loss = ts.forward_backward()
@@ -248,7 +251,7 @@ def test_update_clips_the_gradients():
 def test_phases_give_each_phase_its_host_time():
     import torch
 
-    from experiments.syncs_case import PHASES, TrainingStep, _Phases, reduce_grad_stats_fixed
+    from experiments.syncs.case import PHASES, TrainingStep, _Phases, reduce_grad_stats_fixed
 
     ts = TrainingStep(device=torch.device("cpu"), width=16, layers=4, batch=8)
     phases = _Phases(events=False)
@@ -309,7 +312,7 @@ def test_case_study_assembles_its_result(monkeypatch):
     doc = json.loads(next((ROOT / "experiments" / "recorded" / exp.id).glob("*.json")).read_text())
     doc["points"] = [dict(doc["points"][0], data=d)]
     store.validate_document(doc, exp.data_schema)  # in memory: nothing is written
-    holds, measured = syncs._claim_case_study(d)
+    holds, measured = syncs_meas._claim_case_study(d)
     assert holds and measured["speedup"] == pytest.approx(1.333, abs=1e-3)
     r = edited(recorded("syncs.case_study"), d)
     fig = syncs.plot_case_study(r)
@@ -327,42 +330,42 @@ def test_claims_fail_when_the_data_says_so(recorded_mode):
         return copy.deepcopy(recorded(exp_id, **params).data)
 
     cat = data("syncs.catalogue")
-    assert syncs._claim_catalogue(cat)[0]
+    assert syncs_meas._claim_catalogue(cat)[0]
     next(r for r in cat["rows"] if r["id"] == "masked_fill")["debug_mode_syncs"] = 1
-    assert not syncs._claim_catalogue(cat)[0]
+    assert not syncs_meas._claim_catalogue(cat)[0]
     cat = data("syncs.catalogue")
     next(r for r in cat["rows"] if r["id"] == "tensor_list")["debug_mode_syncs"] = 0
-    assert not syncs._claim_catalogue(cat)[0]
+    assert not syncs_meas._claim_catalogue(cat)[0]
 
     copies = data("syncs.pageable_threshold")
-    assert syncs._claim_pageable(copies)[0]
+    assert syncs_meas._claim_pageable(copies)[0]
     copies["variants"]["pageable_blocking"]["median_ms"][0] = 0.5 * copies["work_ms"]
-    assert not syncs._claim_pageable(copies)[0]
+    assert not syncs_meas._claim_pageable(copies)[0]
     copies = data("syncs.pageable_threshold")
     copies["variants"]["pageable_non_blocking"]["median_ms"][-1] = 0.1
-    assert not syncs._claim_pageable(copies)[0]
+    assert not syncs_meas._claim_pageable(copies)[0]
 
     spots = data("syncs.blind_spots")
-    assert syncs._claim_blind_spot(spots)[0]
+    assert syncs_meas._claim_blind_spot(spots)[0]
     next(c for c in spots["cases"] if c["op"] == "synchronize")["debug_mode_syncs"] = 1
-    assert not syncs._claim_blind_spot(spots)[0]
+    assert not syncs_meas._claim_blind_spot(spots)[0]
     spots = data("syncs.blind_spots")
     next(c for c in spots["cases"] if c["op"] == "synchronize")["detector_syncs"] = 0
-    assert not syncs._claim_blind_spot(spots)[0]
+    assert not syncs_meas._claim_blind_spot(spots)[0]
 
     case = data("syncs.case_study")
-    assert syncs._claim_case_study(case)[0]
+    assert syncs_meas._claim_case_study(case)[0]
     case["speedup"] = 1.10
-    assert not syncs._claim_case_study(case)[0]
+    assert not syncs_meas._claim_case_study(case)[0]
     case = data("syncs.case_study")
     case["variants"]["sync_free"]["syncs_per_step"] = 1
-    assert not syncs._claim_case_study(case)[0], "a 'sync-free' step that syncs does not test the claim"
+    assert not syncs_meas._claim_case_study(case)[0], "a 'sync-free' step that syncs does not test the claim"
 
 
 # ================================================================ checks
 
 def test_run_ahead_prediction_check(recorded_mode):
-    from experiments.syncs_checks import RUN_AHEAD_EXERCISE
+    from experiments.syncs.checks import RUN_AHEAD_EXERCISE
 
     r = recorded("syncs.run_ahead", **RUN_AHEAD_EXERCISE)
     assert syncs.check_run_ahead_prediction(None, None, result=r).correct is None
@@ -379,7 +382,7 @@ def test_run_ahead_prediction_check(recorded_mode):
 
 
 def test_run_ahead_check_separates_the_gpu_only_answer(recorded_mode):
-    from experiments.syncs_checks import RUN_AHEAD_EXERCISE
+    from experiments.syncs.checks import RUN_AHEAD_EXERCISE
 
     r = recorded("syncs.run_ahead", **RUN_AHEAD_EXERCISE)
     h, g, n = RUN_AHEAD_EXERCISE["host_ms"], RUN_AHEAD_EXERCISE["gpu_ms"], r["steps"]
@@ -398,7 +401,7 @@ def test_run_ahead_check_separates_the_gpu_only_answer(recorded_mode):
 
 
 def test_run_ahead_check_accepts_the_model_when_a_gpu_measures_more(recorded_mode):
-    from experiments.syncs_checks import RUN_AHEAD_EXERCISE
+    from experiments.syncs.checks import RUN_AHEAD_EXERCISE
 
     r = recorded("syncs.run_ahead", **RUN_AHEAD_EXERCISE)
     slow = copy.deepcopy(r.data)
@@ -527,13 +530,13 @@ def test_static_scan_finds_sync_patterns():
 
 
 def syncs_static(fn):
-    from experiments.syncs_checks import static_sync_findings
+    from experiments.syncs.checks import static_sync_findings
 
     return static_sync_findings(fn)
 
 
 def test_rewrite_check_without_a_gpu(monkeypatch):
-    import experiments.syncs_checks as sc
+    import experiments.syncs.checks as sc
 
     monkeypatch.setattr(sc, "has_cuda", lambda: False)
     assert syncs.check_sync_free_rewrite(None).correct is None
@@ -635,7 +638,7 @@ def test_plot_blind_spots_and_table(recorded_mode):
 # ================================================================ capture probes (logic, no GPU)
 
 def test_capture_probe_resumes_after_a_crash(monkeypatch):
-    from experiments.runner import FreshResult
+    from experiments.core.runner import FreshResult
 
     calls = []
 
@@ -663,7 +666,7 @@ def test_capture_probe_resumes_after_a_crash(monkeypatch):
 
 
 def test_capture_probe_gives_up_after_max_processes(monkeypatch):
-    from experiments.runner import FreshResult
+    from experiments.core.runner import FreshResult
 
     monkeypatch.setattr(syncs_ops, "run_fresh",
                         lambda *a, **k: FreshResult(False, error_kind="timeout", message="killed", stderr_tail=""))
@@ -705,7 +708,7 @@ def test_every_panel_combination_is_recorded():
 
 
 def test_find_hidden_syncs_reads_the_recording(recorded_mode, monkeypatch):
-    monkeypatch.setattr(syncs, "has_cuda", lambda: False)
+    monkeypatch.setattr(syncs_meas, "has_cuda", lambda: False)
     text = syncs.find_hidden_syncs()
     r = recorded("syncs.case_study")
     assert text.replace("\n", " ").startswith(r.caption()[:60]) and "reduce_grad_stats" in text
@@ -715,7 +718,7 @@ def test_find_hidden_syncs_reads_the_recording(recorded_mode, monkeypatch):
 
 def test_catalogue_claim_labels_its_figures_with_the_code(recorded_mode):
     d = recorded("syncs.catalogue").data
-    _, measured = syncs._claim_catalogue(d)
+    _, measured = syncs_meas._claim_catalogue(d)
     codes = {syncs_ops.OPS_BY_ID[k].code for k in syncs.CATALOGUE_SYNCING + syncs.CATALOGUE_QUIET}
     assert {k.removesuffix(": debug-mode warnings") for k in measured} == codes
     for c in claims.all_claims(4):
@@ -934,7 +937,7 @@ def test_american_spelling_of_synchronize():
 def test_live_catalogue_partition(live_mode):
     d = ex.run("syncs.catalogue").data
     rows = {r["id"]: r for r in d["rows"]}
-    holds, measured = syncs._claim_catalogue(d)
+    holds, measured = syncs_meas._claim_catalogue(d)
     assert holds, f"syncs.catalogue does not hold: {measured}"
     wrong = [(r["code"], r["debug_mode_syncs"], round(r["host_blocked_ms"]["median"], 2)) for r in d["rows"]
              if r["expected_sync"] is not None and r["syncs"] != r["expected_sync"]]
@@ -949,7 +952,7 @@ def test_live_catalogue_partition(live_mode):
 @pytest.mark.gpu
 def test_live_pageable_copies(live_mode):
     d = ex.run("syncs.pageable_threshold", work_ms=10.0).data
-    holds, measured = syncs._claim_pageable(d)
+    holds, measured = syncs_meas._claim_pageable(d)
     assert holds, f"syncs.pageable_htod_blocks does not hold at 10 ms: {measured}"
     pinned = d["variants"]["pinned_non_blocking"]["median_ms"]
     assert max(pinned) < 0.2 * d["work_ms"], f"pinned non_blocking copies waited: {pinned}"
@@ -970,7 +973,7 @@ def test_live_run_ahead(live_mode):
 @pytest.mark.gpu
 def test_live_case_study(live_mode):
     d = ex.run("syncs.case_study").data
-    holds, measured = syncs._claim_case_study(d)
+    holds, measured = syncs_meas._claim_case_study(d)
     context = (f"batch {d['batch']}, host per phase {d['host_phase_ms']}, GPU per phase {d['gpu_phase_ms']}, "
                f"model {d['predicted_ms']}; reports: {d['variants']['hidden_sync']['sync_report']} / "
                f"{d['variants']['sync_free']['sync_report']}")
@@ -985,7 +988,7 @@ def test_live_case_study(live_mode):
 @pytest.mark.gpu
 def test_live_blind_spots(live_mode):
     d = ex.run("syncs.blind_spots").data
-    holds, measured = syncs._claim_blind_spot(d)
+    holds, measured = syncs_meas._claim_blind_spot(d)
     assert holds, measured
     cases = {c["label"]: c for c in d["cases"]}
     big = cases["pageable to GPU, non_blocking, 16 MiB"]

@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from experiments import claims, registry, store, widgets
+from experiments.core import claims, registry, store, widgets
 
 
 def test_panel_in_recorded_mode_offers_only_recorded_points(recorded_mode):
@@ -32,7 +32,7 @@ def test_panel_rejects_unknown_parameters(recorded_mode):
 
 @pytest.fixture
 def toy_claims(tmp_path, monkeypatch):
-    from experiments.device import Provenance
+    from experiments.core.device import Provenance
 
     from .test_device import PROV
 
@@ -93,7 +93,7 @@ def test_cli_claims_json_has_the_documented_keys():
 def test_cli_list_and_record_without_gpu():
     out = subprocess.run([sys.executable, "-m", "experiments", "list"], capture_output=True, text=True, check=True)
     assert "core.sleep_clock" in out.stdout and "nvidia-h200" in out.stdout
-    from experiments.device import has_cuda
+    from experiments.core.device import has_cuda
 
     if not has_cuda():
         rec = subprocess.run([sys.executable, "-m", "experiments", "record", "--chapter", "0"],

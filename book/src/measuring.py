@@ -82,7 +82,7 @@ ex.panel("core.three_clocks", calibration.plot_three_clocks, params=["work_ms"])
 # before anything starts, with a message that names the option and what it accepts:
 
 # %%
-from experiments import alloc_conf
+from experiments.core import alloc_conf
 
 print(alloc_conf.render({"expandable_segments": True, "max_split_size_mb": 64}))
 for bad in ({"expandable_segment": True}, {"max_split_size_mb": 8}):

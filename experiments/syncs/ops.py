@@ -18,9 +18,9 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from .measure import gpu_sleep, time_host
-from .runner import run_fresh
-from .sync_detector import SyncDetector
+from ..core.measure import gpu_sleep, time_host
+from ..core.runner import run_fresh
+from .detector import SyncDetector
 
 CAPTURE_NUMEL = 4096
 NUMEL_CHOICES = (4096, 4_194_304)  # float32: 16 KiB and 16 MiB
@@ -465,7 +465,7 @@ def capture_probe(op_ids: list[str] | None = None, *, numel: int = CAPTURE_NUMEL
     processes = 0
     while todo and processes < max_processes:
         processes += 1
-        fresh = run_fresh("experiments.syncs_ops:_capture_worker", {"op_ids": todo, "numel": numel},
+        fresh = run_fresh("experiments.syncs.ops:_capture_worker", {"op_ids": todo, "numel": numel},
                           timeout_s=timeout_s)
         if fresh.ok:
             value = fresh.value

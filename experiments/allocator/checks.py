@@ -13,15 +13,15 @@ import math
 import random
 from typing import Any, Callable, Mapping, Sequence
 
-from .allocator_model import MiB, AllocatorConfig, normalize_ops, simulate
-from .checks import Feedback, check_choice, check_number, combine, unanswered
+from .model import MiB, AllocatorConfig, normalize_ops, simulate
+from ..core.checks import Feedback, check_choice, check_number, combine, unanswered
 
 
 def _recorded_or_live(exp_id: str, **params: Any) -> Any:
     """The experiment's result in the page's mode, or None when it cannot be had here."""
-    from .device import NoGPUError
-    from .registry import run
-    from .store import NotRecordedError, RecordedFileError
+    from ..core.device import NoGPUError
+    from ..core.registry import run
+    from ..core.store import NotRecordedError, RecordedFileError
 
     try:
         return run(exp_id, **params)
@@ -32,7 +32,7 @@ def _recorded_or_live(exp_id: str, **params: Any) -> Any:
 # ----------------------------------------------------------------------------- exercise: predict, then run
 
 def _phase2_reserved_mib(result: Any, small_mib: int) -> tuple[dict[str, float], str]:
-    from .allocator_workloads import ORDERS, timeline_ops
+    from .workloads import ORDERS, timeline_ops
 
     if result is not None:
         if result.experiment != "alloc.timeline" or result.params.get("small_mib") != small_mib \
@@ -164,7 +164,7 @@ def _seg(pool: str, *blocks: tuple[float, str]) -> dict[str, Any]:
 
 
 def _frag_cases() -> list[tuple[str, list[dict[str, Any]]]]:
-    from .allocator_workloads import OOM_CAP_MIB, oom_ops
+    from .workloads import OOM_CAP_MIB, oom_ops
 
     interleaved = simulate(oom_ops("interleave"), cap_bytes=OOM_CAP_MIB * MiB)["snapshots"]["oom"]
     return [
@@ -180,7 +180,7 @@ def _frag_cases() -> list[tuple[str, list[dict[str, Any]]]]:
 def check_frag_index(fn: Callable[[list[dict[str, Any]]], float] | None) -> Feedback:
     """Check ``fn(segments)`` = 1 − largest free block / total free bytes (0 when nothing is
     free), over all segments, counting only blocks in state 'inactive'."""
-    from .allocator_snapshot import fragmentation_index
+    from .snapshot import fragmentation_index
 
     if fn is None:
         return unanswered("a function frag_index(segments) -> number")
@@ -253,7 +253,7 @@ def check_oom_reading(unallocated_mib: float | None, fix: str | None, *, result:
     """
     if unallocated_mib is None or fix is None:
         return unanswered("the MiB reserved but unallocated, and one key of OOM_FIXES")
-    from .allocator_workloads import OOM_CAP_MIB
+    from .workloads import OOM_CAP_MIB
 
     if result is None:
         result = _recorded_or_live("alloc.fragmentation_oom", cap_mib=OOM_CAP_MIB, expandable=False)
@@ -267,7 +267,7 @@ def check_oom_reading(unallocated_mib: float | None, fix: str | None, *, result:
         expected, source = (p["figures"]["reserved_unallocated_bytes"] / MiB,
                             "the message of the run " + caption[0].lower() + caption[1:])
     else:
-        from .allocator_workloads import oom_ops
+        from .workloads import oom_ops
 
         oom = simulate(oom_ops("interleave"), cap_bytes=OOM_CAP_MIB * MiB)["oom"]
         expected, source = oom["reserved_unallocated_bytes"] / MiB, "the allocator model"
@@ -311,8 +311,8 @@ def try_sequence(ops: Sequence[Sequence[Any]], *, settings: Mapping[str, Any] | 
     Raises:
         ValueError: malformed operations or settings, or a cap <= 0.
     """
-    from .allocator import _fresh_sequences, explain_setting_error
-    from .registry import resolve_mode
+    from .measurements import _fresh_sequences, explain_setting_error
+    from ..core.registry import resolve_mode
 
     ops = normalize_ops(ops)
     if cap_mib is not None and cap_mib <= 0:
@@ -328,7 +328,7 @@ def try_sequence(ops: Sequence[Sequence[Any]], *, settings: Mapping[str, Any] | 
         out["note"] = problem + " Showing the model's prediction only."
         return out
     measured = _fresh_sequences({"run": ops}, settings=settings if settings else None, cap_mib=cap_mib)["run"]
-    from .device import collect_provenance
+    from ..core.device import collect_provenance
 
     out["measured"] = measured
     out["source"] = f"Measured live on {collect_provenance().summary()}; dotted: the model"

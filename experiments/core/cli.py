@@ -11,6 +11,7 @@ import json
 import sys
 from pathlib import Path
 
+from . import chapters
 from . import claims as claims_mod
 from . import registry, store
 from .device import has_cuda
@@ -69,21 +70,22 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     rec = sub.add_parser("record", help="run experiments on this GPU and write recorded results")
-    rec.add_argument("--chapter", type=int, choices=range(0, 5), help="only this chapter (0-4)")
+    rec.add_argument("--chapter", type=int, choices=chapters.NUMBERS,
+                     help=f"only this chapter ({chapters.NUMBERS[0]}-{chapters.NUMBERS[-1]})")
     rec.add_argument("--experiment", action="append", help="only this experiment id (repeatable)")
     rec.add_argument("--out", help="directory to write into (default: the package's recorded/)")
     rec.add_argument("--quiet", action="store_true", help="no progress bar")
     rec.set_defaults(func=cmd_record)
 
     ls = sub.add_parser("list", help="experiments and the GPUs with recorded results")
-    ls.add_argument("--chapter", type=int, choices=range(0, 5))
+    ls.add_argument("--chapter", type=int, choices=chapters.NUMBERS)
     ls.set_defaults(func=cmd_list)
 
     cl = sub.add_parser("claims", help="evaluate the posts' claims")
     cl.add_argument("--recorded", action="store_true",
                     help="use recorded results instead of running live (the default without a GPU)")
     cl.add_argument("--json", action="store_true", help="print a JSON list of claim results")
-    cl.add_argument("--chapter", type=int, choices=range(1, 5))
+    cl.add_argument("--chapter", type=int, choices=[n for n in chapters.NUMBERS if n > 0])
     cl.add_argument("--strict", action="store_true", help="exit 1 unless every claim holds")
     cl.set_defaults(func=cmd_claims)
     return parser

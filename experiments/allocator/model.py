@@ -163,7 +163,7 @@ class AllocatorConfig:
                 different allocator) or ``per_process_memory_fraction`` (give the model a
                 cap in bytes instead).
         """
-        from .alloc_conf import KNOWN_OPTIONS, parse
+        from ..core.alloc_conf import KNOWN_OPTIONS, parse
 
         if settings is None:
             return cls()

@@ -32,7 +32,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .measure import calibrate_sleep, gpu_sleep, reset_allocator, track_memory
+from ..core.measure import calibrate_sleep, gpu_sleep, reset_allocator, track_memory
 
 MiB = 2**20
 ROW = 1024  # elements per row of the view the consumer reduces

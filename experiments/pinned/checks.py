@@ -10,9 +10,9 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
-from .checks import Feedback, check_choice, check_number, combine, unanswered
-from .device import has_cuda
-from .pinned_support import LIFECYCLE_STEPS, MiB, simulate_lifecycle
+from ..core.checks import Feedback, check_choice, check_number, combine, unanswered
+from ..core.device import has_cuda
+from .model import LIFECYCLE_STEPS, MiB, simulate_lifecycle
 
 # ---------------------------------------------------------------- 1. predict the owned bytes
 
@@ -138,7 +138,7 @@ def _run_loader(loader: LoaderFn, *, n_buffers: int, n_batches: int, batch_mib: 
     """
     import torch
 
-    from .measure import gpu_sleep
+    from ..core.measure import gpu_sleep
 
     numel = batch_mib * MiB // 4
     report: dict[str, Any] = {"n_batches": n_batches, "n_buffers": n_buffers, "queued_ms": queued_ms,
@@ -235,7 +235,7 @@ def check_loader(loader: Any, *, n_buffers: int = 2, n_batches: int = 8, batch_m
         return Feedback(None, f"This check runs your loader on a GPU: it feeds it {n_batches} batches of "
                               f"{batch_mib} MiB twice, once while the GPU is busy, and checks every batch on the "
                               "device. No CUDA GPU is visible here; run the notebook in Colab with a GPU runtime.")
-    from .device import check_fits
+    from ..core.device import check_fits
 
     check_fits("batch_mib", (2 * n_buffers + n_batches) * batch_mib * MiB)
     return judge_loader(_run_loader(loader, n_buffers=n_buffers, n_batches=n_batches, batch_mib=batch_mib,

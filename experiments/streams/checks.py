@@ -10,11 +10,11 @@ from __future__ import annotations
 import statistics
 from typing import Any, Callable, Mapping, Sequence
 
-from . import registry
-from .checks import Feedback, check_choice, check_number, unanswered
-from .device import check_fits, has_cuda
-from .registry import Result
-from .streams_pipeline import MiB, STRATEGIES, buffer_numel, reference_handoff, run_handoff, warm_up
+from ..core import registry
+from ..core.checks import Feedback, check_choice, check_number, unanswered
+from ..core.device import check_fits, has_cuda
+from ..core.registry import Result
+from .workloads import MiB, STRATEGIES, buffer_numel, reference_handoff, run_handoff, warm_up
 
 def _result(exp_id: str, result: Result | None, **params: Any) -> Result:
     return result if result is not None else registry.run(exp_id, cache=True, **params)

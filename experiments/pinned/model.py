@@ -21,8 +21,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from .alloc_conf import KNOWN_OPTIONS
-from .device import torch_version
+from ..core.alloc_conf import KNOWN_OPTIONS
+from ..core.device import torch_version
 
 KiB = 2**10
 MiB = 2**20

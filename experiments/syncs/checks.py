@@ -15,13 +15,13 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from .checks import Feedback, check_choice, combine, unanswered
-from .device import NoGPUError, has_cuda
-from .registry import Result, run
-from .store import NotRecordedError, RecordedFileError
-from .sync_detector import SyncDetector
-from .syncs_case import reduce_grad_stats
-from .syncs_ops import OPS_BY_ID
+from ..core.checks import Feedback, check_choice, combine, unanswered
+from ..core.device import NoGPUError, has_cuda
+from ..core.registry import Result, run
+from ..core.store import NotRecordedError, RecordedFileError
+from .detector import SyncDetector
+from .case import reduce_grad_stats
+from .ops import OPS_BY_ID
 
 # ----------------------------------------------------------------- helpers
 
@@ -82,7 +82,7 @@ def check_run_ahead_prediction(no_sync_ms: float | None, every_step_ms: float | 
     r = _result_or_feedback("syncs.run_ahead", result, **RUN_AHEAD_EXERCISE)
     if isinstance(r, Feedback):
         return r
-    from .syncs import predicted_run_ahead_ms  # syncs imports this module
+    from .measurements import predicted_run_ahead_ms  # syncs imports this module
 
     h, g, n = r.params["host_ms"], r.params["gpu_ms"], r.data["steps"]
     model = predicted_run_ahead_ms(h, g, n)
@@ -357,7 +357,7 @@ def check_sync_free_rewrite(fn: Callable[[torch.Tensor], Any] | None, *, queued_
                               "patterns. Whether it is sync-free can only be measured on a CUDA GPU: run this "
                               "check there (in Colab: Runtime > Change runtime type > GPU).",
                         {"gpu": False, "findings": []})
-    from .measure import gpu_sleep
+    from ..core.measure import gpu_sleep
 
     dev = local.cuda()
     try:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import html
 from typing import Any, Mapping, Sequence
 
-from .allocator_model import MiB, compact_layout, format_bytes
-from .allocator_snapshot import oom_rows
-from .plotting import PALETTE, memory_timeline, new_figure, segment_map, stamp
+from .model import MiB, compact_layout, format_bytes
+from .snapshot import oom_rows
+from ..core.plotting import PALETTE, memory_timeline, new_figure, segment_map, stamp
 
 ORDER_LABELS = {"small_first": "small tensors first", "large_first": "large tensors first",
                 "increasing": "increasing batch size", "decreasing": "decreasing batch size"}
@@ -221,7 +221,7 @@ def oom_table(result: Any) -> Table:
 
 def oom_figures_table(result: Any, pattern: str = "interleave") -> Table:
     """The figures of one pattern's out-of-memory message, one per row (MiB / GiB)."""
-    from .allocator_snapshot import parse_oom_message
+    from .snapshot import parse_oom_message
 
     p = result.data["patterns"][pattern]
     if not p["oom"]:
@@ -321,7 +321,7 @@ def plot_graph_pools(results: Any) -> Any:
             right: the growth after all captures, per setting and capture style
             (no grad; autograd keeping activations, where it was measured).
     """
-    from .allocator import _graph_variants
+    from .measurements import _graph_variants
 
     results = _graph_results(results)
     fig, (left, right) = new_figure(1, 2, width=10.5, height=3.8, gridspec_kw={"width_ratios": [1, 1]})
@@ -368,7 +368,7 @@ def plot_graph_pools(results: Any) -> Any:
 def graph_pools_table(results: Any) -> Table:
     """The shared pool's size after all captures, measured and as the allocator model
     predicts it, for each capture style, order and setting (MiB)."""
-    from .allocator import _graph_variants, predict_graph_pools
+    from .measurements import _graph_variants, predict_graph_pools
 
     results = _graph_results(results)
     by_setting = {("expandable" if r.params.get("expandable") else "default"): r for r in results}

@@ -21,9 +21,9 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from .allocator_model import normalize_ops, op_label
-from .allocator_snapshot import PoolIdsMissingError, parse_segments
-from .device import require_cuda
+from .model import normalize_ops, op_label
+from .snapshot import PoolIdsMissingError, parse_segments
+from ..core.device import require_cuda
 
 
 def _stats() -> tuple[int, int, int, int]:
@@ -267,7 +267,7 @@ def measure_layouts(groups: Sequence[Sequence[int]]) -> tuple[list[list[dict[str
             return layouts_in_mempools(groups), "mempool"
         except (PoolIdsMissingError, _IsolationFailed):
             pass  # an older snapshot format: measure in a clean process instead
-    from .runner import run_fresh
+    from ..core.runner import run_fresh
 
     result = run_fresh(f"{__name__}:layouts_worker", {"groups": groups}, timeout_s=180)
     return result.unwrap(), "fresh_process"

@@ -28,9 +28,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .device import check_fits
-from .measure import gpu_sleep, summarize
-from .sync_detector import SyncDetector
+from ..core.device import check_fits
+from ..core.measure import gpu_sleep, summarize
+from .detector import SyncDetector
 
 SUM_COLS = (0, 2, 3, 4, 5, 6, 7)
 STAT_COLUMNS = ("sum of squares", "max |g|", "sum |g|", "sum g", "zeros", "non-finite", "|g| > 1", "numel")

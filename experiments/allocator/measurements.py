@@ -34,22 +34,13 @@ from __future__ import annotations
 import time
 from typing import Any, Mapping, Sequence
 
-from . import alloc_conf
-from .allocator_model import (  # noqa: F401  (re-exported for notebooks)
-    MiB, KiB, AllocatorConfig, compact_layout, format_bytes, normalize_ops, request_anatomy, round_size,
-    simulate,
-)
-from .allocator_snapshot import (  # noqa: F401
-    fragmentation_index, layout_summary, load_snapshot, parse_oom_message, parse_segments,
-)
-from .allocator_workloads import (  # noqa: F401
-    ANATOMY_SIZES, BOUNDARY_SIZES, GRAPH_BATCH_SIZES, GRAPH_DTYPE, GRAPH_HIDDEN, GRAPH_ORDERS, KNOB_CAP_MIB, KNOBS,
-    OOM_CAP_CHOICES, OOM_CAP_MIB, OOM_FILL_COUNT, OOM_FILL_MIB, OOM_PATTERNS, OOM_REQUEST_MIB, ORDERS, PROBE_SIZES, SMALL_COUNT,
-    SMALL_SIZE_B, BIG_REQUEST_B, TIMELINE_SMALL_MIB, boundary_sequences, graph_capture_ops, oom_ops, timeline_ops,
-)
-from .claims import claim
-from .device import check_fits, require_cuda
-from .registry import Param, experiment
+from ..core import alloc_conf
+from .model import MiB, AllocatorConfig, compact_layout, normalize_ops, request_anatomy, round_size, simulate
+from .snapshot import layout_summary, parse_oom_message
+from .workloads import ANATOMY_SIZES, BOUNDARY_SIZES, GRAPH_BATCH_SIZES, GRAPH_DTYPE, GRAPH_HIDDEN, GRAPH_ORDERS, KNOB_CAP_MIB, KNOBS, OOM_CAP_CHOICES, OOM_CAP_MIB, OOM_PATTERNS, OOM_REQUEST_MIB, ORDERS, PROBE_SIZES, SMALL_COUNT, SMALL_SIZE_B, BIG_REQUEST_B, TIMELINE_SMALL_MIB, boundary_sequences, graph_capture_ops, oom_ops, timeline_ops
+from ..core.claims import claim
+from ..core.device import check_fits, require_cuda
+from ..core.registry import Param, experiment
 
 POST_URL = "https://docs.pytorch.org/devlogs/eager/2026-06-01-cuda-caching-allocator/"
 ALLOC_CONF_DOCS = "https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf"
@@ -85,10 +76,10 @@ _SERIES = {
 def _fresh_sequences(sequences: Mapping[str, Sequence[Sequence[Any]]], *, settings: Mapping[str, Any] | None = None,
                      cap_mib: float | None = None, timeout_s: float = 180.0) -> dict[str, Any]:
     """Run named operation sequences in one fresh process; raise if the process failed."""
-    from .runner import run_fresh
+    from ..core.runner import run_fresh
 
     require_cuda("running allocator experiments")
-    result = run_fresh("experiments.allocator_gpu:sequences_worker",
+    result = run_fresh("experiments.allocator.gpu:sequences_worker",
                        {"sequences": {k: normalize_ops(v) for k, v in sequences.items()}},
                        alloc_conf_settings=dict(settings) if settings else None, memory_cap_mib=cap_mib,
                        timeout_s=timeout_s)
@@ -154,7 +145,7 @@ def _measure_shared(job: str, expandable: bool) -> dict[str, Any]:
     Raises:
         RuntimeError: the job failed in the fresh process (its error), or the process did.
     """
-    from .runner import run_fresh
+    from ..core.runner import run_fresh
 
     require_cuda("running allocator experiments")
     setting = "expandable" if expandable else "default"
@@ -165,7 +156,7 @@ def _measure_shared(job: str, expandable: bool) -> dict[str, Any]:
         jobs = shared_jobs(setting)
         if job not in jobs:
             raise ValueError(f"no shared job {job!r}; the jobs are {sorted(jobs)}")
-        results = run_fresh("experiments.allocator_gpu:shared_worker", {"jobs": jobs},
+        results = run_fresh("experiments.allocator.gpu:shared_worker", {"jobs": jobs},
                             alloc_conf_settings=_SHARED_SETTINGS[setting], timeout_s=600).unwrap()
         now = time.monotonic()
         for name, value in results.items():
@@ -240,7 +231,7 @@ def request_table() -> dict[str, Any]:
         remainder_bytes, split, segments (the layout) and predicted
         (:func:`experiments.allocator_model.request_anatomy`); isolation.
     """
-    from .allocator_gpu import measure_layouts
+    from .gpu import measure_layouts
 
     require_cuda("alloc.request_table")
     layouts, isolation = measure_layouts([[n] for n in PROBE_SIZES])
@@ -256,7 +247,7 @@ def request_table() -> dict[str, Any]:
     source=POST_URL,
 )
 def _claim_rounding(data: Mapping[str, Any]) -> tuple[bool, dict[str, Any]]:
-    from .allocator_model import allocation_size, pool_of
+    from .model import allocation_size, pool_of
 
     bad_block, bad_segment = [], []
     for p in data["probes"]:
@@ -303,7 +294,7 @@ def anatomy(size_bytes: float = 5242880.0, count: int = 3) -> dict[str, Any]:
     Raises:
         ValueError: a size or count out of range, or more than the GPU can hold.
     """
-    from .allocator_gpu import measure_layouts
+    from .gpu import measure_layouts
 
     n = int(round(size_bytes))
     require_cuda("alloc.anatomy")
@@ -784,16 +775,3 @@ def knobs() -> dict[str, Any]:
                           "expandable": simulate(k["ops"], _EXPANDABLE, cap_bytes=cap)["reserved_bytes"]},
         }
     return out
-
-
-# --------------------------------------------------------------------------- the rest of the chapter's API
-
-from .allocator_plots import (  # noqa: E402,F401  (plots and tables live in a helper module)
-    graph_pools_table, knobs_table, oom_figures_table, oom_message, oom_table, plot_anatomy, plot_fragmentation_oom,
-    plot_graph_pools, plot_knobs, plot_pool_boundary, plot_request_table, plot_segments, plot_sequence, plot_timeline,
-    request_table_html,
-)
-from .allocator_checks import (  # noqa: E402,F401
-    OOM_FIXES, POOL_BOUNDARY_OPTIONS, check_frag_index, check_oom_reading, check_pool_boundary_choice, check_reserved_function,
-    check_timeline_prediction, try_sequence,
-)

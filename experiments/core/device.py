@@ -125,7 +125,7 @@ def git_commit() -> str:
     env = os.environ.get("CUDA_MEMLAB_GIT_COMMIT")
     if env:
         return env
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     if not (root / ".git").exists() or not shutil.which("git"):
         return "unknown"
     try:

@@ -222,19 +222,13 @@ def all_experiments(chapter: int | None = None) -> list[Experiment]:
     return [e for e in exps if chapter is None or e.chapter == chapter]
 
 
-CHAPTER_MODULES = ("calibration", "allocator", "streams", "pinned", "syncs")
-
-
 def load_chapters() -> None:
-    """Import every chapter module so that its experiments and claims are registered."""
-    import importlib
+    """Import every chapter module (declared in :mod:`.chapters`) so that its experiments
+    and claims are registered. Raises :class:`.chapters.ChapterImportError` naming a chapter
+    that fails to import."""
+    from . import chapters
 
-    for name in CHAPTER_MODULES:
-        try:
-            importlib.import_module(f"{__package__}.{name}")
-        except ModuleNotFoundError as e:
-            if e.name != f"{__package__}.{name}":
-                raise
+    chapters.load_all()
 
 
 def resolve_mode(mode: str | None = None) -> str:

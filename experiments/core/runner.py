@@ -97,7 +97,7 @@ def run_fresh(
     child_env = dict(os.environ)
     child_env.pop("PYTORCH_ALLOC_CONF", None)  # newer name; one source of settings only
     child_env["PYTORCH_CUDA_ALLOC_CONF"] = conf
-    package_root = str(Path(__file__).resolve().parent.parent)
+    package_root = str(Path(__file__).resolve().parents[2])
     child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, child_env.get("PYTHONPATH", "")]))
     if env:
         child_env.update(env)

@@ -9,9 +9,9 @@ from typing import Any, Sequence
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
-from .plotting import PALETTE, bars, mib, new_figure, stamp, stream_lanes
-from .registry import Result
-from .streams_pipeline import STRATEGY_LABELS
+from ..core.plotting import PALETTE, bars, mib, new_figure, stamp, stream_lanes
+from ..core.registry import Result
+from .workloads import STRATEGY_LABELS
 
 GOOD, BAD = "#3f9a5b", "#b5403a"
 GRAY = "#6b6b6b"

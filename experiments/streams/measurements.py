@@ -18,23 +18,12 @@ import math
 import statistics
 from typing import Any, Callable, Mapping, Sequence
 
-from .claims import claim
-from .device import check_fits
-from .registry import Param, experiment
-from .runner import run_fresh
-from .streams_checks import (check_allocated_peak, check_allocation_stream, check_block_predictions,
-                             check_cap_stall, check_event_handoff, check_peak_prediction)
-from .streams_pipeline import (MiB, STRATEGIES, block_ids, buffer_numel, max_live_buffers, overlap_ms,
-                               reference_handoff, run_pipeline, warm_up)
-from .streams_plots import (memory_cap_table, plot_counters, plot_memory_cap, plot_pipeline, plot_runahead,
-                            plot_strategies, plot_timeline, runahead_table, strategies_table)
+from ..core.claims import claim
+from ..core.device import check_fits
+from ..core.registry import Param, experiment
+from ..core.runner import run_fresh
+from .workloads import MiB, STRATEGIES, block_ids, buffer_numel, max_live_buffers, overlap_ms, run_pipeline, warm_up
 
-__all__ = [
-    "POST_URL", "STRATEGIES", "RUNAHEAD_POINTS", "check_allocated_peak", "check_allocation_stream",
-    "check_block_predictions", "check_cap_stall", "check_event_handoff", "check_peak_prediction",
-    "memory_cap_table", "plot_counters", "plot_memory_cap", "plot_pipeline", "plot_runahead", "plot_strategies",
-    "plot_timeline", "reference_handoff", "runahead_table", "strategies_table",
-]
 
 POST_URL = "https://docs.pytorch.org/devlogs/eager/2026-09-29-cross-stream-memory-without-record-stream/"
 
@@ -341,7 +330,7 @@ def memory_cap(layers: int = 48, buffer_mib: int = 64, cap_mib: int = 1024, cons
                    in_flight=in_flight)
     validate_cap(p["layers"], p["buffer_mib"], p["cap_mib"], p["in_flight"])
     check_fits("cap_mib", p["cap_mib"] * MiB)
-    res = run_fresh("experiments.streams:_cap_worker",
+    res = run_fresh("experiments.streams.measurements:_cap_worker",
                     {"layers": p["layers"], "buffer_mib": p["buffer_mib"], "consumer_ms": p["consumer_ms"],
                      "in_flight": p["in_flight"]},
                     memory_cap_mib=p["cap_mib"], timeout_s=240)

@@ -12,8 +12,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
-from .plotting import PALETTE, new_figure, stamp, stream_lanes
-from .registry import Result
+from ..core.plotting import PALETTE, new_figure, stamp, stream_lanes
+from ..core.registry import Result
 
 SYNC_RED = "#b5403a"
 IDLE_GREY = "#dde1e6"
@@ -134,7 +134,7 @@ def plot_run_ahead(result: Result) -> Figure:
 
 def run_ahead_table(result: Result) -> HtmlTable:
     """Measured end times of the three run-ahead variants next to the queue model's (ms)."""
-    from .syncs import predicted_run_ahead_ms
+    from .measurements import predicted_run_ahead_ms
 
     d = result.data
     model = predicted_run_ahead_ms(result.params["host_ms"], result.params["gpu_ms"], d["steps"])
@@ -310,7 +310,7 @@ def plot_case_study(result: Result) -> Figure:
 def case_study_table(result: Result) -> HtmlTable:
     """Host and GPU time of each phase of the step (ms), the measured step times and the
     queue model's. Recordings made before the phases were recorded give the totals only."""
-    from .syncs_case import predicted_step_ms
+    from .case import predicted_step_ms
 
     d = result.data
     host, gpu = d.get("host_phase_ms"), d.get("gpu_phase_ms")

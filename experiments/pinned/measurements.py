@@ -21,29 +21,13 @@ from typing import Any, Mapping
 
 import torch
 
-from . import pinned_support as sup
-from .claims import claim
-from .device import check_fits, require_cuda, torch_version
-from .measure import gpu_sleep, summarize, time_gpu
-from .pinned_exercises import (OVERWRITE_OPTIONS, check_graph_replay, check_loader, check_overwrite_guard,
-                               check_owned_prediction, check_rounding, judge_loader)
-from .pinned_plots import (bandwidth_summary, del_summary, guard_costs_text, pin_cost_summary, plot_async_copy,
-                           plot_bandwidth, plot_del_is_safe, plot_double_buffer, plot_graph_replay, plot_lifecycle,
-                           plot_overwrite_race, plot_pin_cost, plot_pow2_rounding, plot_ring_sweep, race_timing_text,
-                           ring_summary)
-from .pinned_support import KiB, MiB, POST_URL, empty_host_cache, features_text, next_pow2
-from .registry import Param, experiment
+from . import model as sup
+from ..core.claims import claim
+from ..core.device import check_fits, require_cuda, torch_version
+from ..core.measure import gpu_sleep, summarize, time_gpu
+from .model import KiB, MiB, POST_URL, empty_host_cache, next_pow2
+from ..core.registry import Param, experiment
 
-__all__ = [
-    "bandwidth", "async_copy", "overwrite_race", "del_is_safe", "pow2_rounding", "lifecycle", "pin_cost",
-    "graph_replay", "double_buffer",
-    "plot_bandwidth", "plot_async_copy", "plot_overwrite_race", "plot_del_is_safe", "plot_pow2_rounding",
-    "plot_lifecycle", "plot_pin_cost", "plot_graph_replay", "plot_double_buffer", "plot_ring_sweep",
-    "check_owned_prediction", "check_overwrite_guard", "OVERWRITE_OPTIONS", "check_rounding",
-    "check_graph_replay", "check_loader", "judge_loader", "claim_check", "features_text", "empty_host_cache",
-    "host_blocked_ms", "bandwidth_summary", "guard_costs_text", "race_timing_text", "del_summary",
-    "pin_cost_summary", "ring_summary",
-]
 
 _NUMBER = {"type": "number"}
 _STATS_SCHEMA = {
@@ -991,7 +975,7 @@ def claim_check(claim_id: str, *, mode: str | None = None) -> Any:
     Raises:
         ValueError: an unknown claim id.
     """
-    from .claims import ClaimsTable, evaluate, get_claim
+    from ..core.claims import ClaimsTable, evaluate, get_claim
 
     return ClaimsTable([evaluate(get_claim(claim_id), mode=mode)])
 

@@ -21,17 +21,15 @@ from typing import Any, Mapping
 
 import torch
 
-from . import claims as _claims
-from .claims import claim
-from .device import check_fits, has_cuda
-from .measure import gpu_sleep, time_host
-from .registry import Param, experiment, run
-from .sync_detector import (BLIND_SPOTS, KINDS, SyncDetector, SyncError, SyncEvent, count_debug_mode_syncs,
-                            no_gpu_message, no_syncs)
-from .syncs_case import PHASES as CASE_PHASES
-from .syncs_case import (SUM_COLS, STAT_COLUMNS, predicted_step_ms, reduce_grad_stats, reduce_grad_stats_fixed,
-                         run_case_study)
-from .syncs_ops import CAPTURE_NUMEL, NUMEL_CHOICES, OP_IDS, OPS, capture_probe, get_op, host_blocked_series, measure_op
+from ..core import claims as _claims
+from ..core.claims import claim
+from ..core.device import check_fits, has_cuda
+from ..core.measure import gpu_sleep, time_host
+from ..core.registry import Param, experiment, run
+from .detector import SyncDetector, count_debug_mode_syncs
+from .case import PHASES as CASE_PHASES
+from .case import predicted_step_ms, reduce_grad_stats, run_case_study
+from .ops import CAPTURE_NUMEL, NUMEL_CHOICES, OP_IDS, OPS, capture_probe, get_op, host_blocked_series, measure_op
 
 POST = "https://docs.pytorch.org/devlogs/eager/2026-08-11-hidden-h2d-sync/"
 
@@ -50,7 +48,7 @@ _INTERVAL = {
 def _validated(exp_id: str, **params: Any) -> dict[str, Any]:
     """The parameters checked against the experiment's ranges, for direct calls of the
     functions below (``ex.run`` checks them already). Raises ValueError naming the parameter."""
-    from .registry import get
+    from ..core.registry import get
 
     return get(exp_id).complete(params)
 
@@ -546,7 +544,7 @@ def find_hidden_syncs() -> str:
     Live on a GPU (builds a small step); without one, the report recorded on the lab GPU.
     """
     if has_cuda():
-        from .syncs_case import TrainingStep
+        from .case import TrainingStep
 
         ts = TrainingStep(device=torch.device("cuda", torch.cuda.current_device()), layers=4, batch=64)
         ts.step(reduce_grad_stats)
@@ -562,21 +560,3 @@ def find_hidden_syncs() -> str:
         head = "\n".join(textwrap.wrap(r.caption() + ":", 88))
     count = f"{len(lines)} host-device sync{'s' if len(lines) != 1 else ''} detected in one step"
     return "\n".join([head, count + (":" if lines else ".")] + _report_lines(lines))
-
-
-from .syncs_checks import (QUIZ_OPS, check_bubble_cost, check_classification, check_run_ahead_prediction,  # noqa: E402
-                           check_sync_free_rewrite, check_threshold, classification_template)
-from .syncs_plots import (blind_spot_table, case_study_table, catalogue_table, plot_blind_spots,  # noqa: E402
-                          plot_case_study, plot_case_study_timeline, plot_catalogue, plot_pageable_threshold,
-                          plot_queue_probe, plot_run_ahead, run_ahead_table)
-
-__all__ = [
-    "BLIND_SPOTS", "KINDS", "OPS", "OP_IDS", "QUIZ_OPS", "SUM_COLS", "STAT_COLUMNS", "SyncDetector", "SyncError",
-    "SyncEvent", "blind_spot_table", "blind_spots", "case_study", "case_study_table", "catalogue", "catalogue_table",
-    "check_bubble_cost", "check_classification", "check_run_ahead_prediction", "check_sync_free_rewrite",
-    "check_threshold", "classification_template", "copy_threshold", "count_debug_mode_syncs", "describe_case_study",
-    "find_hidden_syncs", "no_gpu_message", "no_syncs", "pageable_threshold", "plot_blind_spots", "plot_case_study",
-    "plot_case_study_timeline", "plot_catalogue", "plot_pageable_threshold", "plot_queue_probe", "plot_run_ahead",
-    "predicted_run_ahead_ms", "predicted_step_ms", "queue_probe", "reduce_grad_stats", "reduce_grad_stats_fixed",
-    "run_ahead", "run_ahead_table", "show_claim",
-]

@@ -11,8 +11,8 @@ from typing import Sequence
 
 from matplotlib.figure import Figure
 
-from .plotting import PALETTE, new_figure, stamp, stream_lanes
-from .registry import Result
+from ..core.plotting import PALETTE, new_figure, stamp, stream_lanes
+from ..core.registry import Result
 
 MiB = 2**20
 _DIRECTION = {"htod": "host to device (HtoD)", "dtoh": "device to host (DtoH)"}

@@ -22,7 +22,7 @@ import jsonschema
 
 from .device import Provenance, gpu_slug
 
-PACKAGE_RECORDED_DIR = Path(__file__).resolve().parent / "recorded"
+PACKAGE_RECORDED_DIR = Path(__file__).resolve().parent.parent / "recorded"
 FORMAT_VERSION = 1
 PREFERRED_GPU = "nvidia-h200"  # the lab GPU; the book shows its numbers when several exist
 
@@ -43,9 +43,15 @@ def recorded_dir() -> Path:
 
 @lru_cache(maxsize=1)
 def file_schema() -> dict[str, Any]:
-    """The JSON schema every recorded file follows."""
-    path = Path(__file__).resolve().parent / "schemas" / "recorded.schema.json"
-    return json.loads(path.read_text())
+    """The JSON schema every recorded file follows; its chapter numbers come from
+    :data:`.chapters.NUMBERS` (the one declaration of the book's chapters)."""
+    from .chapters import NUMBERS
+
+    path = Path(__file__).resolve().parent.parent / "schemas" / "recorded.schema.json"
+    schema = json.loads(path.read_text())
+    schema["properties"]["chapter"] = {"type": "integer", "enum": list(NUMBERS)}
+    schema["properties"]["format"] = {"const": FORMAT_VERSION}
+    return schema
 
 
 def to_jsonable(obj: Any) -> Any:
@@ -137,8 +143,13 @@ def validate_document(doc: Any, data_schema: Mapping[str, Any] | None = None, *,
     """Check a recorded document against the file schema and the experiment's data schema.
 
     Raises:
-        RecordedFileError: saying which field is wrong and where.
+        RecordedFileError: saying which field is wrong and where; for a file of another
+            format than :data:`FORMAT_VERSION`, saying to re-record it.
     """
+    if isinstance(doc, Mapping) and "format" in doc and doc["format"] != FORMAT_VERSION:
+        raise RecordedFileError(
+            f"{where}: recorded in format {doc['format']!r}, but this code reads format {FORMAT_VERSION} only; "
+            f"re-record it on a GPU: python -m experiments record --experiment {doc.get('experiment', 'ID')}")
     try:
         jsonschema.validate(doc, file_schema(), format_checker=jsonschema.FormatChecker())
     except jsonschema.ValidationError as e:
