@@ -13,13 +13,27 @@ Typical page::
     ex.status()                      # live on your GPU, or recorded on the lab GPU
     r = ex.run("alloc.anatomy")      # the same call either way
 """
-from .core import alloc_conf  # noqa: F401  (notebooks: from experiments import alloc_conf)
-from .core.checks import Feedback
-from .core.claims import claims_table
-from .core.device import NoGPUError, Provenance, has_cuda
-from .core.registry import Param, Result, experiment, get, resolve_mode, run, status, status_text
-from .core.store import NotRecordedError, RecordedFileError
-from .core.widgets import panel
+from .core import (  # noqa: F401  (notebooks: from experiments import alloc_conf)
+    alloc_conf,
+)
+from .core.checks import (
+    Feedback,
+)
+from .core.claims import (
+    claims_table,
+)
+from .core.device import (
+    NoGPUError, Provenance, has_cuda,
+)
+from .core.registry import (
+    Param, Result, experiment, get, resolve_mode, run, status, status_text,
+)
+from .core.store import (
+    NotRecordedError, RecordedFileError,
+)
+from .core.widgets import (
+    panel,
+)
 
 __all__ = [
     "Feedback", "NoGPUError", "NotRecordedError", "Param", "Provenance", "RecordedFileError", "Result",

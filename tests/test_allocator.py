@@ -14,7 +14,7 @@ from matplotlib.patches import Rectangle
 from experiments.core import alloc_conf, claims, registry, store
 
 from experiments import allocator
-from experiments.allocator import measurements as alloc_meas
+from experiments.allocator import fresh as alloc_fresh, measurements as alloc_meas, predict as alloc_predict
 
 from experiments.allocator import gpu as allocator_gpu
 from experiments.allocator.model import AllocatorConfig, MiB, simulate
@@ -125,11 +125,12 @@ def fake_gpu(monkeypatch):
     fresh = FakeFreshProcesses()
     monkeypatch.setattr(runner, "run_fresh", fresh)
     monkeypatch.setattr(alloc_meas, "require_cuda", lambda *a, **k: None)
+    monkeypatch.setattr(alloc_fresh, "require_cuda", lambda *a, **k: None)
     monkeypatch.setattr(alloc_meas, "check_fits", lambda *a, **k: None)
     monkeypatch.setattr(allocator_gpu, "measure_layouts", fake_layouts)
-    alloc_meas._kept.clear()
+    alloc_fresh._kept.clear()
     yield fresh
-    alloc_meas._kept.clear()
+    alloc_fresh._kept.clear()
 
 
 @pytest.fixture
@@ -319,17 +320,17 @@ def test_recording_the_chapter_takes_five_fresh_processes(fake_gpu):
         ("shared_worker", "", None), ("shared_worker", "{'expandable_segments': True}", None),
         ("sequences_worker", "{'max_split_size_mb': 64}", 384), ("sequences_worker", "{'roundup_power2_divisions': 4}", 384),
         ("sequences_worker", "{'garbage_collection_threshold': 0.5}", 384)]), targets
-    assert not alloc_meas._kept, "every result a shared process measured was used"
+    assert not alloc_fresh._kept, "every result a shared process measured was used"
 
 
 def test_a_shared_result_is_handed_out_once_and_not_for_long(fake_gpu, monkeypatch):
     allocator.timeline(small_mib=16, expandable=False)
-    assert len(fake_gpu.calls) == 1 and ("default", "pool_boundary") in alloc_meas._kept
+    assert len(fake_gpu.calls) == 1 and ("default", "pool_boundary") in alloc_fresh._kept
     allocator.pool_boundary(expandable=False)          # kept for it: no new process
     assert len(fake_gpu.calls) == 1
     allocator.pool_boundary(expandable=False)          # asked again: measured again
     assert len(fake_gpu.calls) == 2
-    monkeypatch.setattr(alloc_meas, "SHARE_WINDOW_S", -1.0)
+    monkeypatch.setattr(alloc_fresh, "SHARE_WINDOW_S", -1.0)
     allocator.fragmentation_oom(expandable=False)      # kept, but too old
     assert len(fake_gpu.calls) == 3
 
@@ -451,7 +452,7 @@ def test_the_default_cap_is_the_point_measured_before_caps_were_a_parameter(fake
     explicit = validated("alloc.fragmentation_oom", allocator.fragmentation_oom(cap_mib=allocator.OOM_CAP_MIB))
     assert default == explicit and default["cap_bytes"] == allocator.OOM_CAP_MIB * MiB
     measured = {n: model_run(allocator.oom_ops(n), cap_mib=allocator.OOM_CAP_MIB) for n in allocator.OOM_PATTERNS}
-    assert alloc_meas._oom_data(store.to_jsonable(measured), expandable=False) == default
+    assert alloc_predict._oom_data(store.to_jsonable(measured), expandable=False) == default
 
 
 @pytest.mark.parametrize("expandable", [False, True])
@@ -513,7 +514,7 @@ def test_oom_message_that_cannot_be_parsed_is_kept():
     garbled = {name: {**r, "oom": r["oom"] and {**r["oom"], "message": "CUDA out of memory. (a future wording)"}}
                for name, r in ((n, model_run(allocator.oom_ops(n), cap_mib=allocator.OOM_CAP_MIB))
                                for n in allocator.OOM_PATTERNS)}
-    p = alloc_meas._oom_data(garbled, expandable=False)["patterns"]["interleave"]
+    p = alloc_predict._oom_data(garbled, expandable=False)["patterns"]["interleave"]
     assert p["figures"] is None and "Tried to allocate" in p["parse_error"] and p["oom"]
 
 
@@ -876,7 +877,7 @@ def test_lab_recording_of_graph_pools_agrees_with_the_model(lab):
         d = lab("alloc.graph_pools", expandable=expandable).data
         assert d["expandable_in_effect"] is expandable
         pred = allocator.predict_graph_pools(d, expandable)
-        for variant, orders in alloc_meas._graph_variants(d).items():
+        for variant, orders in alloc_predict._graph_variants(d).items():
             for order, o in orders.items():
                 assert o["pool_reserved_bytes"] == pred[variant][order][-1], (expandable, variant, order)
                 if o.get("pool_after_each_bytes") is not None:

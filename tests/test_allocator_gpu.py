@@ -9,7 +9,7 @@ import random
 import pytest
 
 from experiments import allocator
-from experiments.allocator import measurements as alloc_meas
+from experiments.allocator import fresh as alloc_fresh, measurements as alloc_meas, predict as alloc_predict
 
 from experiments.core import claims, registry
 from experiments.allocator.model import MiB, compact_layout, simulate
@@ -144,7 +144,7 @@ def test_claim_fragmentation_oom():
 @pytest.mark.parametrize("expandable", [False, True])
 def test_graph_pools_replay_and_release(expandable):
     d = live("alloc.graph_pools", expandable=expandable).data
-    variants = alloc_meas._graph_variants(d)
+    variants = alloc_predict._graph_variants(d)
     assert set(variants) == {"no_grad", "autograd"}, "both capture styles are measured"
     for variant, orders in variants.items():
         for order, o in orders.items():
@@ -165,7 +165,7 @@ def test_graph_pools_hold_what_the_model_predicts(expandable):
     if d["increasing"]["pool_after_each_bytes"] is None:
         pytest.skip("this torch's snapshots do not tell pools apart")
     pred = allocator.predict_graph_pools(d, expandable)
-    for variant, orders in alloc_meas._graph_variants(d).items():
+    for variant, orders in alloc_predict._graph_variants(d).items():
         for order, o in orders.items():
             assert o["pool_after_each_bytes"] == pred[variant][order], (
                 f"{variant}, {order}: pool MiB after each capture measured {mib(o['pool_after_each_bytes'])}, "
@@ -246,7 +246,7 @@ def test_recording_the_chapter_fits_the_time_budget(tmp_path):
     processes; it took 88 s with fifteen)."""
     import time
 
-    alloc_meas._kept.clear()
+    alloc_fresh._kept.clear()
     t0 = time.perf_counter()
     paths, failures = registry.record(registry.all_experiments(1), root=tmp_path, progress=False)
     elapsed = time.perf_counter() - t0

@@ -24,7 +24,7 @@ from matplotlib.figure import Figure
 import experiments as ex
 from experiments.core import claims, registry, store
 from experiments import syncs
-from experiments.syncs import measurements as syncs_meas
+from experiments.syncs import measurements as syncs_meas, model as syncs_model
 from experiments.syncs import case as syncs_case, ops as syncs_ops
 
 from .booktools import hidden_output_cells
@@ -195,9 +195,9 @@ def test_copy_threshold():
 
 
 def test_slope_fit():
-    assert syncs_meas._slope([0, 5, 10], [0.1, 5.1, 10.1]) == pytest.approx(1.0)
-    assert syncs_meas._slope([0, 5, 10], [0.03] * 3) == pytest.approx(0.0)
-    assert syncs_meas._slope([5, 5], [1.0, 2.0]) == 0.0
+    assert syncs_model._slope([0, 5, 10], [0.1, 5.1, 10.1]) == pytest.approx(1.0)
+    assert syncs_model._slope([0, 5, 10], [0.03] * 3) == pytest.approx(0.0)
+    assert syncs_model._slope([5, 5], [1.0, 2.0]) == 0.0
 
 
 def test_reduce_grad_stats_on_cpu():

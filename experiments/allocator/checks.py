@@ -311,7 +311,7 @@ def try_sequence(ops: Sequence[Sequence[Any]], *, settings: Mapping[str, Any] | 
     Raises:
         ValueError: malformed operations or settings, or a cap <= 0.
     """
-    from .measurements import _fresh_sequences, explain_setting_error
+    from .fresh import _fresh_sequences, explain_setting_error
     from ..core.registry import resolve_mode
 
     ops = normalize_ops(ops)

@@ -31,16 +31,22 @@ https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-wit
 """
 from __future__ import annotations
 
-import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 from ..core import alloc_conf
-from .model import MiB, AllocatorConfig, compact_layout, normalize_ops, request_anatomy, round_size, simulate
-from .snapshot import layout_summary, parse_oom_message
-from .workloads import ANATOMY_SIZES, BOUNDARY_SIZES, GRAPH_BATCH_SIZES, GRAPH_DTYPE, GRAPH_HIDDEN, GRAPH_ORDERS, KNOB_CAP_MIB, KNOBS, OOM_CAP_CHOICES, OOM_CAP_MIB, OOM_PATTERNS, OOM_REQUEST_MIB, ORDERS, PROBE_SIZES, SMALL_COUNT, SMALL_SIZE_B, BIG_REQUEST_B, TIMELINE_SMALL_MIB, boundary_sequences, graph_capture_ops, oom_ops, timeline_ops
+from .model import MiB, round_size, simulate
+from .snapshot import layout_summary
+from .workloads import (
+    _CAP_PARAM, ANATOMY_SIZES, GRAPH_ORDERS, KNOB_CAP_MIB, KNOBS, OOM_CAP_CHOICES, OOM_CAP_MIB,
+    OOM_PATTERNS, ORDERS, PROBE_SIZES, TIMELINE_SMALL_MIB,
+)
 from ..core.claims import claim
 from ..core.device import check_fits, require_cuda
 from ..core.registry import Param, experiment
+from .fresh import _fresh_sequences, _measure_shared, explain_setting_error, oom_job
+from .predict import (
+    _boundary_data, _graph_variants, _oom_data, _probe_row, _sizes_equal_layouts, _timeline_data,
+)
 
 POST_URL = "https://docs.pytorch.org/devlogs/eager/2026-06-01-cuda-caching-allocator/"
 ALLOC_CONF_DOCS = "https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf"
@@ -73,18 +79,6 @@ _SERIES = {
 
 # --------------------------------------------------------------------------- helpers
 
-def _fresh_sequences(sequences: Mapping[str, Sequence[Sequence[Any]]], *, settings: Mapping[str, Any] | None = None,
-                     cap_mib: float | None = None, timeout_s: float = 180.0) -> dict[str, Any]:
-    """Run named operation sequences in one fresh process; raise if the process failed."""
-    from ..core.runner import run_fresh
-
-    require_cuda("running allocator experiments")
-    result = run_fresh("experiments.allocator.gpu:sequences_worker",
-                       {"sequences": {k: normalize_ops(v) for k, v in sequences.items()}},
-                       alloc_conf_settings=dict(settings) if settings else None, memory_cap_mib=cap_mib,
-                       timeout_s=timeout_s)
-    return result.unwrap()
-
 
 # ---- shared fresh processes
 #
@@ -95,114 +89,8 @@ def _fresh_sequences(sequences: Mapping[str, Sequence[Sequence[Any]]], *, settin
 # other results for the experiments that ask next. A kept result is handed out once, and
 # only within SHARE_WINDOW_S seconds of its measurement; asking again measures again.
 
-SHARE_WINDOW_S = 600.0
-_SHARED_SETTINGS = {"default": None, "expandable": {"expandable_segments": True}}
-_kept: dict[tuple[str, str], tuple[float, Mapping[str, Any]]] = {}
-
-
-def oom_job(cap_mib: int) -> str:
-    """The name of the shared job that runs the fragmentation patterns under ``cap_mib``:
-    'fragmentation_oom' for the default cap, 'fragmentation_oom_<cap>' for the others.
-
-    Raises:
-        ValueError: a cap not in ``OOM_CAP_CHOICES`` (the message names cap_mib).
-    """
-    _CAP_PARAM.validate(cap_mib)
-    return "fragmentation_oom" if cap_mib == OOM_CAP_MIB else f"fragmentation_oom_{cap_mib}"
-
-
-def shared_jobs(setting: str) -> dict[str, dict[str, Any]]:
-    """Every fresh-process job of the chapter under one setting ('default' or 'expandable'):
-    the timelines, the pool boundary, the fragmentation patterns (once per cap in
-    ``OOM_CAP_CHOICES``, see :func:`oom_job`) and the knobs' baseline (each a set of
-    operation sequences, some under a memory cap), and the graph captures.
-
-    Raises:
-        ValueError: an unknown setting.
-    """
-    if setting not in _SHARED_SETTINGS:
-        raise ValueError(f"setting must be one of {sorted(_SHARED_SETTINGS)}, got {setting!r}")
-    jobs: dict[str, dict[str, Any]] = {
-        f"timeline_{m}": {"sequences": {o: timeline_ops(o, m) for o in ORDERS}} for m in TIMELINE_SMALL_MIB}
-    jobs["pool_boundary"] = {"sequences": boundary_sequences()}
-    jobs["fragmentation_oom"] = {"sequences": {p: oom_ops(p) for p in OOM_PATTERNS}, "cap_mib": OOM_CAP_MIB}
-    jobs["knobs"] = {"sequences": {name: k["ops"] for name, k in KNOBS.items()}, "cap_mib": KNOB_CAP_MIB}
-    for cap in OOM_CAP_CHOICES:   # the other caps: a few dozen allocations each, in the same process
-        if cap != OOM_CAP_MIB:
-            jobs[oom_job(cap)] = {"sequences": {p: oom_ops(p) for p in OOM_PATTERNS}, "cap_mib": cap}
-    jobs["graph_pools"] = {"graph_pools": {"hidden": GRAPH_HIDDEN, "batch_sizes": list(GRAPH_BATCH_SIZES),
-                                           "dtype": GRAPH_DTYPE, "autograd": True}}
-    for job in jobs.values():
-        if "sequences" in job:
-            job["sequences"] = {k: normalize_ops(v) for k, v in job["sequences"].items()}
-    return jobs
-
-
-def _measure_shared(job: str, expandable: bool) -> dict[str, Any]:
-    """The result of one of :func:`shared_jobs`, from a result kept for it or from a new
-    fresh process that runs every job of its setting.
-
-    Raises:
-        RuntimeError: the job failed in the fresh process (its error), or the process did.
-    """
-    from ..core.runner import run_fresh
-
-    require_cuda("running allocator experiments")
-    setting = "expandable" if expandable else "default"
-    kept = _kept.pop((setting, job), None)
-    if kept is not None and time.monotonic() - kept[0] <= SHARE_WINDOW_S:
-        results = {job: kept[1]}
-    else:
-        jobs = shared_jobs(setting)
-        if job not in jobs:
-            raise ValueError(f"no shared job {job!r}; the jobs are {sorted(jobs)}")
-        results = run_fresh("experiments.allocator.gpu:shared_worker", {"jobs": jobs},
-                            alloc_conf_settings=_SHARED_SETTINGS[setting], timeout_s=600).unwrap()
-        now = time.monotonic()
-        for name, value in results.items():
-            if name != job:
-                _kept[(setting, name)] = (now, value)
-    outcome = results[job]
-    if not outcome["ok"]:
-        raise RuntimeError(f"{job} ({setting} settings) failed in its fresh process: {outcome['error']}")
-    return dict(outcome["value"])
-
-
-def _sizes_equal_layouts(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]) -> bool:
-    """Same segments and blocks, ignoring addresses and the order of segments."""
-    return sorted(compact_layout(a)) == sorted(compact_layout(b))
-
-
-def explain_setting_error(settings: Mapping[str, Any] | str) -> str | None:
-    """None if the installed torch accepts ``settings``, else a sentence saying why not.
-
-    Allocator options come and go between torch releases (``large_segment_size_mb``
-    appeared in 2.10, for example); this turns :class:`experiments.alloc_conf.UnsupportedOptionError`
-    and bad values into a message for the page instead of a traceback.
-    """
-    try:
-        alloc_conf.render(settings)
-    except alloc_conf.UnsupportedOptionError as e:
-        return f"Not available here: {e}. The experiment skips this setting."
-    except ValueError as e:
-        return f"Not a valid setting: {e}"
-    return None
-
 
 # --------------------------------------------------------------------------- alloc.request_table
-
-
-
-def _probe_row(n: int, segments: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    holding = [s for s in segments if any(b["state"] == "active_allocated" for b in s["blocks"])]
-    if len(holding) != 1:
-        raise RuntimeError(f"expected one segment holding the {n}-byte tensor, found {len(holding)}: "
-                           f"{compact_layout(segments)}")
-    seg = holding[0]
-    block = next(b for b in seg["blocks"] if b["state"] == "active_allocated")
-    return {"request_bytes": n, "block_bytes": block["size"], "pool": seg["pool"],
-            "segment_bytes": seg["total_size"], "remainder_bytes": seg["total_size"] - block["size"],
-            "split": len(seg["blocks"]) > 1, "segments": list(segments), "predicted": request_anatomy(n)}
 
 
 @experiment(
@@ -266,7 +154,6 @@ def _claim_rounding(data: Mapping[str, Any]) -> tuple[bool, dict[str, Any]]:
 # --------------------------------------------------------------------------- alloc.anatomy
 
 
-
 @experiment(
     "alloc.anatomy",
     chapter=1,
@@ -313,39 +200,6 @@ def anatomy(size_bytes: float = 5242880.0, count: int = 3) -> dict[str, Any]:
 # --------------------------------------------------------------------------- alloc.timeline
 
 
-
-def _timeline_order_data(ops: Sequence[Sequence[Any]], measured: Mapping[str, Any],
-                         predicted: Mapping[str, Any]) -> dict[str, Any]:
-    kinds = [op[0] for op in normalize_ops(ops) if op[0] != "snapshot"]
-    ends, i = [], 0
-    while i < len(kinds):
-        j = i
-        while j + 1 < len(kinds) and kinds[j + 1] == kinds[i]:
-            j += 1
-        ends.append(j)
-        i = j + 1
-    return {
-        "labels": list(measured["labels"]), "allocated_bytes": list(measured["allocated_bytes"]),
-        "reserved_bytes": list(measured["reserved_bytes"]),
-        "predicted_allocated_bytes": list(predicted["allocated_bytes"]),
-        "predicted_reserved_bytes": list(predicted["reserved_bytes"]),
-        "phase_ends": ends, "empty_cache_step": kinds.index("empty_cache"),
-        "segments_phase2": measured["snapshots"]["phase2"],
-        "predicted_segments_phase2": predicted["snapshots"]["phase2"],
-        "expandable_in_effect": measured.get("expandable_in_effect"),
-    }
-
-
-def _timeline_data(measured: Mapping[str, Any], small_mib: int, expandable: bool) -> dict[str, Any]:
-    cfg = AllocatorConfig(expandable_segments=expandable)
-    orders = {}
-    for order in ORDERS:
-        ops = timeline_ops(order, small_mib)
-        orders[order] = _timeline_order_data(ops, measured[order], simulate(ops, cfg))
-    return {"small_bytes": small_mib * MiB, "large_bytes": 2 * small_mib * MiB, "n_small": 8, "n_large": 4,
-            "orders": orders}
-
-
 @experiment(
     "alloc.timeline",
     chapter=1,
@@ -382,75 +236,6 @@ def timeline(small_mib: int = 16, expandable: bool = False) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- alloc.fragmentation_oom
-
-
-
-_CAP_PARAM = Param("cap_mib", OOM_CAP_MIB, choices=OOM_CAP_CHOICES, unit="MiB",
-                   help="the memory cap of the fresh process the patterns run in")
-
-
-def _oom_pattern_data(pattern: str, measured: Mapping[str, Any], predicted: Mapping[str, Any]) -> dict[str, Any]:
-    oom = measured.get("oom")
-    figures, parse_error = None, None
-    if oom is not None:
-        try:
-            figures = parse_oom_message(oom["message"])
-        except ValueError as e:
-            parse_error = str(e)
-    snaps = measured["snapshots"]
-    # Under a cap below the first phase's 352 MiB the sequence stops before the request.
-    reached = "before_request" in snaps
-    before = layout_summary(snaps["before_request"]) if reached else None
-    predicted_oom = predicted.get("oom")
-    return {
-        "description": OOM_PATTERNS[pattern],
-        "oom": oom is not None,
-        "predicted_oom": predicted_oom is not None,
-        "reached_request": reached,
-        "predicted_reached_request": "before_request" in predicted["snapshots"],
-        "oom_step": oom["step"] if oom else None,
-        "predicted_oom_step": predicted_oom["step"] if predicted_oom else None,
-        "failed_label": measured["labels"][oom["step"]] if oom else None,
-        "failed_request_bytes": oom["request_bytes"] if oom else None,
-        "message": oom["message"] if oom else None,
-        "figures": figures,
-        "parse_error": parse_error,
-        "request_bytes": OOM_REQUEST_MIB * MiB,
-        "reserved_before_request_bytes": before["reserved_bytes"] if before else None,
-        "allocated_before_request_bytes": before["allocated_bytes"] if before else None,
-        "reserved_at_failure_bytes": oom["reserved_bytes"] if oom else None,
-        "allocated_at_failure_bytes": oom["allocated_bytes"] if oom else None,
-        "reserved_unallocated_at_failure_bytes": oom["reserved_unallocated_bytes"] if oom else None,
-        "reserved_after_bytes": measured["reserved_bytes"][-1],
-        "predicted_reserved_after_bytes": predicted["reserved_bytes"][-1],
-        "segments_before_request": snaps.get("before_request", []),
-        "segments_after": snaps.get("oom") or snaps.get("after_request") or [],
-        "predicted_segments_after": predicted["snapshots"].get("oom") or predicted["snapshots"].get("after_request") or [],
-        "num_alloc_retries": measured["num_alloc_retries"],
-        "num_ooms": measured["num_ooms"],
-        "reserved_bytes": list(measured["reserved_bytes"]),
-        "allocated_bytes": list(measured["allocated_bytes"]),
-        "expandable_in_effect": measured.get("expandable_in_effect"),
-    }
-
-
-def predict_oom(cap_mib: int = OOM_CAP_MIB, expandable: bool = False) -> dict[str, dict[str, Any]]:
-    """The model's run of each pattern of ``alloc.fragmentation_oom`` under ``cap_mib`` MiB:
-    pattern -> the result of :func:`experiments.allocator_model.simulate` (no GPU needed).
-
-    Raises:
-        ValueError: a cap not in ``OOM_CAP_CHOICES``.
-    """
-    _CAP_PARAM.validate(cap_mib)
-    cfg = AllocatorConfig(expandable_segments=expandable)
-    return {name: simulate(oom_ops(name), cfg, cap_bytes=cap_mib * MiB) for name in OOM_PATTERNS}
-
-
-def _oom_data(measured: Mapping[str, Any], expandable: bool, cap_mib: int = OOM_CAP_MIB) -> dict[str, Any]:
-    predicted = predict_oom(cap_mib, expandable)
-    patterns = {name: _oom_pattern_data(name, measured[name], predicted[name]) for name in OOM_PATTERNS}
-    return {"cap_bytes": cap_mib * MiB, "cap_mib": cap_mib, "request_bytes": OOM_REQUEST_MIB * MiB,
-            "patterns": patterns}
 
 
 @experiment(
@@ -497,7 +282,6 @@ def fragmentation_oom(cap_mib: int = OOM_CAP_MIB, expandable: bool = False) -> d
     return _oom_data(measured, expandable, cap_mib)
 
 
-
 @claim(
     "alloc.fragmentation_oom",
     chapter=1,
@@ -523,7 +307,6 @@ def _claim_fragmentation_oom(data: Mapping[str, Any]) -> tuple[bool, dict[str, A
 
 
 # --------------------------------------------------------------------------- alloc.graph_pools
-
 
 
 _GRAPH_ORDER = {"type": "object", "required": ["capture_order", "growth_after_each_bytes", "reserved_growth_bytes",
@@ -571,32 +354,6 @@ def graph_pools(expandable: bool = False) -> dict[str, Any]:
     return data
 
 
-def _graph_variants(data: Mapping[str, Any]) -> dict[str, dict[str, Mapping[str, Any]]]:
-    """'no_grad' (the top-level orders) and, when measured, 'autograd': order -> its data."""
-    out = {"no_grad": {o: data[o] for o in GRAPH_ORDERS}}
-    if data.get("autograd"):
-        out["autograd"] = {o: data["autograd"][o] for o in GRAPH_ORDERS}
-    return out
-
-
-def predict_graph_pools(data: Mapping[str, Any], expandable: bool) -> dict[str, dict[str, list[int]]]:
-    """The model's bytes in the shared pool after each capture of ``alloc.graph_pools``, for
-    both capture styles ('no_grad', 'autograd') and both orders, from the recorded model
-    shape (batch sizes, hidden size, dtype). The model knows nothing of CUDA graphs: a
-    private pool is an allocator of its own, and these are its requests
-    (:func:`experiments.allocator_workloads.graph_capture_ops`)."""
-    cfg = AllocatorConfig(expandable_segments=expandable)
-    out: dict[str, dict[str, list[int]]] = {}
-    for variant, autograd in (("no_grad", False), ("autograd", True)):
-        out[variant] = {}
-        for order in GRAPH_ORDERS:
-            ops, ends = graph_capture_ops(data["batch_sizes"], data["hidden"], order=order, autograd=autograd,
-                                          dtype=data.get("dtype", GRAPH_DTYPE))
-            reserved = simulate(ops, cfg)["reserved_bytes"]
-            out[variant][order] = [reserved[e] for e in ends]
-    return out
-
-
 def _growths(data: Mapping[str, Any]) -> tuple[int, int]:
     return data["increasing"]["reserved_growth_bytes"], data["decreasing"]["reserved_growth_bytes"]
 
@@ -636,28 +393,6 @@ def _claim_expandable_order_free(data: Mapping[str, Any]) -> tuple[bool, dict[st
 
 
 # --------------------------------------------------------------------------- alloc.pool_boundary
-
-
-
-def _boundary_data(measured: Mapping[str, Any], expandable: bool) -> dict[str, Any]:
-    cfg = AllocatorConfig(expandable_segments=expandable)
-    seqs = boundary_sequences()
-    sweep = {"sizes_bytes": list(BOUNDARY_SIZES), "first_reserved_bytes": [], "reserved_bytes": [],
-             "predicted_reserved_bytes": [], "segments": []}
-    for n in BOUNDARY_SIZES:
-        m = measured[f"sweep_{n}"]
-        sweep["first_reserved_bytes"].append(m["reserved_bytes"][0])
-        sweep["reserved_bytes"].append(m["reserved_bytes"][-1])
-        sweep["predicted_reserved_bytes"].append(simulate(seqs[f"sweep_{n}"], cfg)["reserved_bytes"][-1])
-        sweep["segments"].append(m["snapshots"]["end"])
-    m = measured["small_to_large"]
-    p = simulate(seqs["small_to_large"], cfg)
-    freed_at = 2 * SMALL_COUNT - 1
-    s2l = {"small_count": SMALL_COUNT, "small_bytes": SMALL_SIZE_B, "request_bytes": BIG_REQUEST_B,
-           "reserved_before_bytes": m["reserved_bytes"][freed_at], "reserved_after_bytes": m["reserved_bytes"][-1],
-           "predicted_after_bytes": p["reserved_bytes"][-1],
-           "segments_freed": m["snapshots"]["freed"], "segments_after": m["snapshots"]["after"]}
-    return {"sweep": sweep, "small_to_large": s2l, "expandable_in_effect": m.get("expandable_in_effect")}
 
 
 @experiment(

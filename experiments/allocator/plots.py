@@ -321,7 +321,7 @@ def plot_graph_pools(results: Any) -> Any:
             right: the growth after all captures, per setting and capture style
             (no grad; autograd keeping activations, where it was measured).
     """
-    from .measurements import _graph_variants
+    from .predict import _graph_variants
 
     results = _graph_results(results)
     fig, (left, right) = new_figure(1, 2, width=10.5, height=3.8, gridspec_kw={"width_ratios": [1, 1]})
@@ -368,7 +368,7 @@ def plot_graph_pools(results: Any) -> Any:
 def graph_pools_table(results: Any) -> Table:
     """The shared pool's size after all captures, measured and as the allocator model
     predicts it, for each capture style, order and setting (MiB)."""
-    from .measurements import _graph_variants, predict_graph_pools
+    from .predict import _graph_variants, predict_graph_pools
 
     results = _graph_results(results)
     by_setting = {("expandable" if r.params.get("expandable") else "default"): r for r in results}

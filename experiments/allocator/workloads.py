@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..core.registry import Param
 from .model import KiB, MiB
 
 # One tensor each: every boundary of the rounding rules (allocator-rules.md §I.1).
@@ -166,3 +167,7 @@ KNOBS: dict[str, dict[str, Any]] = {
                 + [("alloc", "big", 40 * MiB)]),
     },
 }
+
+# The memory caps of the fragmentation patterns, as the parameter every caller validates with.
+_CAP_PARAM = Param("cap_mib", OOM_CAP_MIB, choices=OOM_CAP_CHOICES, unit="MiB",
+                   help="the memory cap of the fresh process the patterns run in")

@@ -1,17 +1,29 @@
 """Chapter 2: cross-stream memory (record_stream versus an event handoff).
 
 The chapter's public API; the code lives in the modules beside this one."""
-from .checks import (  # noqa: F401
-    check_allocated_peak, check_allocation_stream, check_block_predictions, check_cap_stall, check_event_handoff, check_peak_prediction,
+from .measurements import (  # noqa: F401
+    memory_cap, pipeline, POST_URL, runahead, RUNAHEAD_POINTS, SLACK_BYTES, strategies, timeline,
+    validate_cap,
 )
 from .workloads import (  # noqa: F401
-    block_ids, buffer_numel, max_live_buffers, MiB, overlap_ms, reference_handoff, run_pipeline, STRATEGIES, warm_up,
+    block_ids, buffer_numel, max_live_buffers, MiB, overlap_ms, reference_handoff, run_pipeline,
+    STRATEGIES, warm_up,
 )
 from .plots import (  # noqa: F401
-    memory_cap_table, plot_counters, plot_memory_cap, plot_pipeline, plot_runahead, plot_strategies, plot_timeline, runahead_table, strategies_table,
+    memory_cap_table, plot_counters, plot_memory_cap, plot_pipeline, plot_runahead, plot_strategies,
+    plot_timeline, runahead_table, strategies_table,
 )
-from .measurements import (  # noqa: F401
-    memory_cap, pipeline, POST_URL, runahead, RUNAHEAD_POINTS, SLACK_BYTES, strategies, timeline, validate_cap,
+from .checks import (  # noqa: F401
+    check_allocated_peak, check_allocation_stream, check_block_predictions, check_cap_stall,
+    check_event_handoff, check_peak_prediction,
 )
 
-__all__ = ['block_ids', 'buffer_numel', 'check_allocated_peak', 'check_allocation_stream', 'check_block_predictions', 'check_cap_stall', 'check_event_handoff', 'check_peak_prediction', 'max_live_buffers', 'memory_cap', 'memory_cap_table', 'MiB', 'overlap_ms', 'pipeline', 'plot_counters', 'plot_memory_cap', 'plot_pipeline', 'plot_runahead', 'plot_strategies', 'plot_timeline', 'POST_URL', 'reference_handoff', 'run_pipeline', 'runahead', 'RUNAHEAD_POINTS', 'runahead_table', 'SLACK_BYTES', 'strategies', 'STRATEGIES', 'strategies_table', 'timeline', 'validate_cap', 'warm_up']
+__all__ = [
+    'block_ids', 'buffer_numel', 'check_allocated_peak', 'check_allocation_stream',
+    'check_block_predictions', 'check_cap_stall', 'check_event_handoff', 'check_peak_prediction',
+    'max_live_buffers', 'memory_cap', 'memory_cap_table', 'MiB', 'overlap_ms', 'pipeline',
+    'plot_counters', 'plot_memory_cap', 'plot_pipeline', 'plot_runahead', 'plot_strategies',
+    'plot_timeline', 'POST_URL', 'reference_handoff', 'run_pipeline', 'runahead', 'RUNAHEAD_POINTS',
+    'runahead_table', 'SLACK_BYTES', 'strategies', 'STRATEGIES', 'strategies_table', 'timeline',
+    'validate_cap', 'warm_up'
+]

@@ -22,7 +22,9 @@ from ..core.claims import claim
 from ..core.device import check_fits
 from ..core.registry import Param, experiment
 from ..core.runner import run_fresh
-from .workloads import MiB, STRATEGIES, block_ids, buffer_numel, max_live_buffers, overlap_ms, run_pipeline, warm_up
+from .workloads import (
+    MiB, STRATEGIES, block_ids, buffer_numel, max_live_buffers, overlap_ms, run_pipeline, warm_up,
+)
 
 
 POST_URL = "https://docs.pytorch.org/devlogs/eager/2026-09-29-cross-stream-memory-without-record-stream/"

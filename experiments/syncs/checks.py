@@ -82,7 +82,7 @@ def check_run_ahead_prediction(no_sync_ms: float | None, every_step_ms: float | 
     r = _result_or_feedback("syncs.run_ahead", result, **RUN_AHEAD_EXERCISE)
     if isinstance(r, Feedback):
         return r
-    from .measurements import predicted_run_ahead_ms  # syncs imports this module
+    from .model import predicted_run_ahead_ms
 
     h, g, n = r.params["host_ms"], r.params["gpu_ms"], r.data["steps"]
     model = predicted_run_ahead_ms(h, g, n)

@@ -29,7 +29,10 @@ from ..core.registry import Param, experiment, run
 from .detector import SyncDetector, count_debug_mode_syncs
 from .case import PHASES as CASE_PHASES
 from .case import predicted_step_ms, reduce_grad_stats, run_case_study
-from .ops import CAPTURE_NUMEL, NUMEL_CHOICES, OP_IDS, OPS, capture_probe, get_op, host_blocked_series, measure_op
+from .ops import (
+    CAPTURE_NUMEL, NUMEL_CHOICES, OP_IDS, OPS, capture_probe, get_op, host_blocked_series, measure_op,
+)
+from .model import BLOCKED_FRACTION, RUN_AHEAD_STEPS, _slope, copy_threshold
 
 POST = "https://docs.pytorch.org/devlogs/eager/2026-08-11-hidden-h2d-sync/"
 
@@ -55,7 +58,6 @@ def _validated(exp_id: str, **params: Any) -> dict[str, Any]:
 
 # ----------------------------------------------------------------- run-ahead
 
-RUN_AHEAD_STEPS = 8
 RUN_AHEAD_SYNC_STEP = 3
 RUN_AHEAD_VARIANTS = ("none", "once", "every_step")
 
@@ -160,19 +162,6 @@ def run_ahead(host_ms: float = 1.0, gpu_ms: float = 2.0) -> dict[str, Any]:
     return {"steps": RUN_AHEAD_STEPS, "sync_step": RUN_AHEAD_SYNC_STEP, "warmed_up": True, "variants": variants}
 
 
-def predicted_run_ahead_ms(host_ms: float, gpu_ms: float, steps: int = RUN_AHEAD_STEPS) -> dict[str, float]:
-    """The queue model's end times (ms) of the three run-ahead variants.
-
-    No sync: the first kernel starts after ``host_ms``; then whichever side is slower
-    sets the pace, so the GPU ends at ``host_ms + gpu_ms + (steps - 1) * max(host_ms, gpu_ms)``.
-    A sync every step: nothing overlaps, ``steps * (host_ms + gpu_ms)``. One sync: the
-    no-sync time plus ``min(host_ms, gpu_ms)`` (the GPU idles while the host does its
-    next step's Python work, or the host waits for a kernel it would have overlapped).
-    """
-    none = host_ms + gpu_ms + (steps - 1) * max(host_ms, gpu_ms)
-    return {"none": none, "once": none + min(host_ms, gpu_ms), "every_step": steps * (host_ms + gpu_ms)}
-
-
 # ----------------------------------------------------------------- the catalogue
 
 _ROW = {
@@ -185,8 +174,6 @@ _ROW = {
         "capturable": {"type": ["boolean", "null"]},
     },
 }
-
-BLOCKED_FRACTION = 0.5  # a call that waits at least half the queued work waited for the queue
 
 
 @experiment(
@@ -265,13 +252,6 @@ def queue_probe(op: str = "item", numel: int = 4096) -> dict[str, Any]:
             "debug_mode_syncs": count_debug_mode_syncs(spec.build(numel, torch.device("cuda"))), "slope": slope}
 
 
-def _slope(xs: list[float], ys: list[float]) -> float:
-    n = len(xs)
-    mx, my = sum(xs) / n, sum(ys) / n
-    sxx = sum((x - mx) ** 2 for x in xs)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else 0.0
-
-
 # ----------------------------------------------------------------- pageable copies
 
 COPY_SIZES_KIB = (64, 256, 1024, 2048, 3072, 4096, 8192, 16384, 65536)
@@ -331,21 +311,6 @@ def pageable_threshold(work_ms: float = 30.0) -> dict[str, Any]:
     torch.cuda.empty_cache()
     return {"work_ms": work_ms, "sizes_bytes": sizes, "variants": out, "threshold_bytes": threshold,
             "largest_staged_bytes": staged}
-
-
-def copy_threshold(sizes: list[int], blocked_ms: list[float], work_ms: float) -> tuple[int | None, int | None]:
-    """(smallest size that waited >= half the queued work, largest smaller size that did not).
-
-    Raises:
-        ValueError: the lists differ in length.
-    """
-    if len(sizes) != len(blocked_ms):
-        raise ValueError(f"{len(sizes)} sizes for {len(blocked_ms)} timings")
-    half = BLOCKED_FRACTION * work_ms
-    threshold = next((s for s, b in zip(sizes, blocked_ms) if b >= half), None)
-    staged = max((s for s, b in zip(sizes, blocked_ms) if b < half and (threshold is None or s < threshold)),
-                 default=None)
-    return threshold, staged
 
 
 # ----------------------------------------------------------------- case study

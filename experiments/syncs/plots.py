@@ -134,7 +134,7 @@ def plot_run_ahead(result: Result) -> Figure:
 
 def run_ahead_table(result: Result) -> HtmlTable:
     """Measured end times of the three run-ahead variants next to the queue model's (ms)."""
-    from .measurements import predicted_run_ahead_ms
+    from .model import predicted_run_ahead_ms
 
     d = result.data
     model = predicted_run_ahead_ms(result.params["host_ms"], result.params["gpu_ms"], d["steps"])

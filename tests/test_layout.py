@@ -1,0 +1,159 @@
+"""The package's architecture, checked from its source: one-way imports, faces that only
+re-export, one role name per role, modules of a readable size (the layout issue's rules)."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from experiments.core.chapters import CHAPTERS
+
+PKG = Path(__file__).resolve().parent.parent / "experiments"
+CHAPTER_PACKAGES = [c.module for c in CHAPTERS if (PKG / c.module).is_dir()]
+ROLES = {"measurements", "model", "plots", "checks", "workloads"}
+# Modules a chapter may have beside the roles, each named for what it holds.
+EXTRA = {"allocator": {"snapshot", "gpu", "predict", "fresh", "trace", "doctor"},
+         "streams": set(), "pinned": {"host"},
+         "syncs": {"ops", "case", "detector"}}
+MAX_LINES = 600
+LONGER_ALLOWED = {"experiments.allocator.model"}  # mirrors one C++ file, CUDACachingAllocator.cpp
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(PKG.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def modules() -> dict[str, Path]:
+    found = {module_name(p): p for p in PKG.rglob("*.py")}
+    assert len(found) > 20, f"found only {len(found)} modules under {PKG}"
+    return found
+
+
+def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
+    """Modules of the package that ``name`` imports anywhere (top level or inside functions)."""
+    is_pkg = path.name == "__init__.py"
+    package = name if is_pkg else name.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name in known}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            for a in node.names:  # `from pkg import submodule` imports the submodule
+                if f"{target}.{a.name}" in known:
+                    out.add(f"{target}.{a.name}")
+                elif target in known:
+                    out.add(target)
+    out.discard(name)
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    mods = modules()
+    return {n: imports_of(n, p, set(mods)) for n, p in mods.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan), each as a cycle path."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_cycle_finder_finds_a_planted_cycle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_import_graph_sees_lazy_and_relative_imports():
+    graph = import_graph()
+    assert "experiments.core.runner" in graph["experiments.allocator.fresh"], \
+        "the lazy `from ..core.runner import run_fresh` inside a function is an edge"
+    assert "experiments.core.alloc_conf" in graph["experiments.core.runner"]
+
+
+def test_no_import_cycle_anywhere():
+    found = cycles(import_graph())
+    assert not found, "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_core_imports_no_chapter():
+    graph = import_graph()
+    chapters = tuple(f"experiments.{c.module}" for c in CHAPTERS)
+    bad = {m: sorted(t for t in ts if t.startswith(chapters)) for m, ts in graph.items()
+           if m.startswith("experiments.core")}
+    assert not {m: ts for m, ts in bad.items() if ts}
+
+
+def test_nothing_inside_imports_a_face():
+    graph = import_graph()
+    faces = {f"experiments.{c}" for c in CHAPTER_PACKAGES} | {"experiments"}
+    bad = {m: sorted(ts & faces) for m, ts in graph.items()
+           if m.startswith("experiments.") and ts & faces and m not in ("experiments.sync_detector",)}
+    assert not bad, f"modules that import a chapter face (import the submodule instead): {bad}"
+
+
+def test_plots_and_checks_never_import_measurements():
+    graph = import_graph()
+    for ch in CHAPTER_PACKAGES:
+        for role in ("plots", "checks"):
+            mod = f"experiments.{ch}.{role}"
+            assert f"experiments.{ch}.measurements" not in graph.get(mod, set()), f"{mod} imports measurements"
+
+
+@pytest.mark.parametrize("chapter", CHAPTER_PACKAGES)
+def test_a_face_only_reexports(chapter):
+    tree = ast.parse((PKG / chapter / "__init__.py").read_text())
+    for node in tree.body:
+        ok = (isinstance(node, ast.ImportFrom) and node.level == 1
+              or isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)  # the docstring
+              or isinstance(node, ast.Assign) and [t.id for t in node.targets] == ["__all__"])
+        assert ok, f"experiments/{chapter}/__init__.py line {node.lineno}: a face holds re-exports only"
+
+
+@pytest.mark.parametrize("chapter", CHAPTER_PACKAGES)
+def test_one_role_name_per_role(chapter):
+    names = {p.stem for p in (PKG / chapter).glob("*.py")} - {"__init__"}
+    assert {"measurements", "plots", "checks"} <= names
+    assert names <= ROLES | EXTRA[chapter], f"{chapter}: modules outside the roles: {sorted(names - ROLES - EXTRA[chapter])}"
+
+
+def test_modules_stay_readable():
+    long = {n: len(p.read_text().splitlines()) for n, p in modules().items()}
+    long = {n: k for n, k in long.items() if k > MAX_LINES and n not in LONGER_ALLOWED}
+    assert not long, f"modules over {MAX_LINES} lines: {long}"
