@@ -13,16 +13,10 @@ from typing import Any
 
 import torch
 
-from .core.measure import fit_cycles_per_ms, gpu_sleep, summarize, time_gpu
+from .core.measure import STATS_SCHEMA, fit_cycles_per_ms, gpu_sleep, stats_dict, time_gpu
 from .core.plotting import bars, new_figure, stamp
 from .core.registry import Param, Result, experiment
 
-_STATS_SCHEMA = {
-    "type": "object",
-    "required": ["median", "p10", "p90", "n"],
-    "properties": {"median": {"type": "number"}, "p10": {"type": "number"}, "p90": {"type": "number"},
-                   "n": {"type": "integer", "minimum": 1}},
-}
 
 
 @experiment(
@@ -76,7 +70,7 @@ def sleep_clock(repeats: int = 10) -> dict[str, Any]:
     data_schema={
         "type": "object",
         "required": ["host_no_sync_ms", "host_with_sync_ms", "cuda_events_ms"],
-        "properties": {k: _STATS_SCHEMA for k in ("host_no_sync_ms", "host_with_sync_ms", "cuda_events_ms")},
+        "properties": {k: STATS_SCHEMA for k in ("host_no_sync_ms", "host_with_sync_ms", "cuda_events_ms")},
     },
 )
 def three_clocks(work_ms: float = 20.0, repeats: int = 10) -> dict[str, Any]:
@@ -107,11 +101,7 @@ def three_clocks(work_ms: float = 20.0, repeats: int = 10) -> dict[str, Any]:
         end.synchronize()
         events.append(start.elapsed_time(end))
 
-    def pack(xs: list[float]) -> dict[str, Any]:
-        s = summarize(xs)
-        return {"median": s.median, "p10": s.p10, "p90": s.p90, "n": s.n}
-
-    return {"host_no_sync_ms": pack(no_sync), "host_with_sync_ms": pack(with_sync), "cuda_events_ms": pack(events)}
+    return {"host_no_sync_ms": stats_dict(no_sync), "host_with_sync_ms": stats_dict(with_sync), "cuda_events_ms": stats_dict(events)}
 
 
 def plot_sleep_clock(result: Result) -> Any:

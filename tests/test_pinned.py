@@ -12,6 +12,7 @@ import pytest
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
+import experiments as ex
 from experiments.core import claims, registry, store
 
 from experiments import pinned
@@ -689,7 +690,7 @@ def test_outputs_that_answer_an_exercise_are_folded():
     hidden = hidden_output_cells("ch3_pinned_memory.ipynb")
     for source in ("pinned.plot_lifecycle(life)",                                # ex 3.3
                    "pinned.plot_graph_replay(graph)",                            # ex 3.4
-                   'pinned.claim_check("pinned.graph_reads_captured_address")',
+                   'ex.show_claim("pinned.graph_reads_captured_address")',
                    "pinned.plot_bandwidth(bw)", "pinned.plot_async_copy(cp)",    # the **Predict** prompts
                    "pinned.plot_overwrite_race(race)", "pinned.plot_ring_sweep(ring_runs)"):
         assert any(source in h for h in hidden), f"no hide-output tag on the cell with {source!r}"
@@ -744,7 +745,7 @@ def test_claims_table_of_the_chapter_reads_the_lab_recordings(lab_recordings):
     table = claims.claims_table(chapter=3)
     assert [r.id for r in table] == CLAIM_IDS
     assert all(r.holds is True for r in table), str(table)
-    one = pinned.claim_check("pinned.pow2_rounding")
+    one = ex.show_claim("pinned.pow2_rounding")
     assert len(one) == 1 and "holds" in one._repr_html_() and "NVIDIA H200" in one._repr_html_()
 
 PLOTS = {"pinned.bandwidth": pinned.plot_bandwidth, "pinned.async_copy": pinned.plot_async_copy,

@@ -3,7 +3,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from experiments.core import plotting
-from experiments.core.plotting import MiB
+from experiments.core.units import MiB
 
 
 def _bars(fig):
@@ -80,7 +80,7 @@ def test_stamp_writes_the_provenance():
 
 
 def test_size_labels_keep_halves():
-    from experiments.core.plotting import _size_label
+    from experiments.core.units import format_bytes
 
-    assert [_size_label(b) for b in (18.5 * MiB, 20 * MiB, 1.5 * MiB, 1.902 * MiB, 100 * 1024, 512)] == [
+    assert [format_bytes(b, digits=3) for b in (18.5 * MiB, 20 * MiB, 1.5 * MiB, 1.902 * MiB, 100 * 1024, 512)] == [
         "18.5 MiB", "20 MiB", "1.5 MiB", "1.9 MiB", "100 KiB", "512 B"]

@@ -163,7 +163,8 @@ def test_run_live_on_gpu_has_live_provenance():
 
 
 def test_messages_suggest_near_misses_and_read_well():
-    from experiments.core.text import close_names, number
+    from experiments.core.text import close_names
+    from experiments.core.units import number
 
     assert close_names("streams.pipelin", ["streams.pipeline", "streams.runahead"]) == " (did you mean 'streams.pipeline'?)"
     assert close_names("zzz", ["streams.pipeline"]) == ""

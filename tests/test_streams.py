@@ -396,7 +396,7 @@ def test_plot_timeline(strategy):
 
 def test_strategies_table():
     r = recorded("streams.strategies")
-    lines = streams.strategies_table(r).splitlines()
+    lines = str(streams.strategies_table(r)).splitlines()
     assert lines[0].split()[:3] == ["strategy", "corrupted", "blocks"]
     for s in STRATEGIES:
         res = r["results"][s]
@@ -408,7 +408,7 @@ def test_strategies_table():
 
 def test_runahead_table():
     r = recorded("streams.runahead")
-    lines = streams.runahead_table(r).splitlines()
+    lines = str(streams.runahead_table(r)).splitlines()
     rows = lines[2:2 + len(r["points"])]
     assert len(rows) == len(streams.RUNAHEAD_POINTS)
     for row, k in zip(rows, range(len(rows))):
@@ -420,14 +420,14 @@ def test_runahead_table():
 
 def test_memory_cap_table():
     r = recorded("streams.memory_cap")
-    text = streams.memory_cap_table(r)
+    text = str(streams.memory_cap_table(r))
     rs = r["strategies"]["record_stream"]
     parked = rs["peak_reserved_bytes"] // r["buffer_bytes"]
     assert f"{parked} buffers fill the cap" in text
     assert f"about {parked * r.params['consumer_ms']:.1f} ms" in text
     assert f"took {rs['worst_alloc_ms']:.1f} ms" in text
     rs.update(oom=True)
-    assert "out of memory" in streams.memory_cap_table(r) and "estimated" not in streams.memory_cap_table(r)
+    assert "out of memory" in str(streams.memory_cap_table(r)) and "estimated" not in str(streams.memory_cap_table(r))
 
 
 # ================================================================ widgets and notebook

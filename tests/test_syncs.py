@@ -736,7 +736,7 @@ def test_unanswered_messages_read_as_sentences(recorded_mode):
 
 
 def test_show_claim_in_recorded_mode(recorded_mode):
-    table = syncs.show_claim("syncs.catalogue")
+    table = ex.show_claim("syncs.catalogue")
     assert len(table) == 1 and list(table)[0].holds is True
 
 
@@ -753,7 +753,7 @@ def test_notebook_structure():
                   "check_sync_free_rewrite"):
         assert f"syncs.{check}(" in src
     for claim_id in CLAIM_IDS:
-        assert f'syncs.show_claim("{claim_id}")' in src
+        assert f'ex.show_claim("{claim_id}")' in src
     assert "ex.claims_table(chapter=4)" in nb.cells[-1].source
     assert syncs.POST in src
     code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")

@@ -88,7 +88,7 @@ ex.panel("pinned.bandwidth", pinned.plot_bandwidth, params=["direction"])
 # measured live or read from the lab's recording):
 
 # %%
-pinned.claim_check("pinned.bandwidth")
+ex.show_claim("pinned.bandwidth")
 
 # %% [markdown]
 # (ch3-async)=
@@ -149,7 +149,7 @@ for kib in (64, 2048, 65536):
 ex.panel("pinned.async_copy", pinned.plot_async_copy, params=["size_kib", "direction"])
 
 # %%
-pinned.claim_check("pinned.async_returns")
+ex.show_claim("pinned.async_returns")
 
 # %% [markdown]
 # (ch3-race)=
@@ -217,7 +217,7 @@ ex.panel("pinned.overwrite_race", pinned.plot_overwrite_race,
          params=["size_mib", "overwrite_after_ms"])
 
 # %%
-pinned.claim_check("pinned.overwrite_race")
+ex.show_claim("pinned.overwrite_race")
 
 # %% [markdown]
 # ```{exercise} Guarding a reused staging buffer
@@ -296,7 +296,7 @@ print(pinned.del_summary(safe))
 # the stream itself.
 
 # %%
-pinned.claim_check("pinned.del_is_safe")
+ex.show_claim("pinned.del_is_safe")
 
 # %% [markdown]
 # (ch3-costs)=
@@ -317,7 +317,7 @@ p2 = ex.run("pinned.pow2_rounding")
 pinned.plot_pow2_rounding(p2)
 
 # %%
-pinned.claim_check("pinned.pow2_rounding")
+ex.show_claim("pinned.pow2_rounding")
 
 # %% [markdown]
 # ```{exercise} The price of a 2.08 GiB buffer
@@ -492,7 +492,7 @@ import textwrap  # noqa: E402
 
 error = graph["pageable_capture_error"]
 print(textwrap.fill(f"Capturing a copy from pageable memory raised: {error}", 88))
-pinned.claim_check("pinned.graph_reads_captured_address")
+ex.show_claim("pinned.graph_reads_captured_address")
 
 # %% [markdown]
 # The right panel is the pattern that works with graphs: allocate the pinned staging buffer

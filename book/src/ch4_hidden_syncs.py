@@ -274,7 +274,7 @@ print(*missed, sep="\n")
 syncs.catalogue_table(cat)
 
 # %%
-syncs.show_claim("syncs.catalogue")
+ex.show_claim("syncs.catalogue")
 
 # %% [markdown]
 # Switch the tensor size to 16 MiB and watch the pageable `non_blocking` copy change
@@ -337,7 +337,7 @@ print(f"about {size / extra_ms / 1e6:.1f} GB/s: compare chapter 3's pageable ban
 # The claim:
 
 # %%
-syncs.show_claim("syncs.pageable_htod_blocks")
+ex.show_claim("syncs.pageable_htod_blocks")
 
 # %%
 ex.panel("syncs.pageable_threshold", syncs.plot_pageable_threshold)
@@ -452,7 +452,7 @@ print(syncs.find_hidden_syncs())
 # The post's claim, checked:
 
 # %%
-syncs.show_claim("syncs.case_study_speedup")
+ex.show_claim("syncs.case_study_speedup")
 
 # %% [markdown]
 # The gain depends on the balance between GPU and host time. With little GPU work per
@@ -598,7 +598,7 @@ syncs.blind_spot_table(spots)
 # that returned at once. The claim for the first row:
 
 # %%
-syncs.show_claim("syncs.debug_mode_blind_spot")
+ex.show_claim("syncs.debug_mode_blind_spot")
 
 # %% [markdown]
 # **What it still cannot see.** Waits inside C++ code that PyTorch did not instrument

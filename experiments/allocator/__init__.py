@@ -1,6 +1,9 @@
 """Chapter 1: the caching allocator and fragmentation.
 
 The chapter's public API; the code lives in the modules beside this one."""
+from ..core.units import (  # noqa: F401
+    format_bytes, KiB, MiB,
+)
 from .measurements import (  # noqa: F401
     ALLOC_CONF_DOCS, anatomy, fragmentation_oom, graph_pools, knobs, pool_boundary, POST_URL,
     request_table, timeline,
@@ -13,8 +16,7 @@ from .workloads import (  # noqa: F401
     TIMELINE_SMALL_MIB,
 )
 from .model import (  # noqa: F401
-    AllocatorConfig, compact_layout, format_bytes, KiB, MiB, normalize_ops, request_anatomy,
-    round_size, simulate,
+    AllocatorConfig, compact_layout, normalize_ops, request_anatomy, round_size, simulate,
 )
 from .plots import (  # noqa: F401
     graph_pools_table, knobs_table, oom_figures_table, oom_message, oom_table, plot_anatomy,

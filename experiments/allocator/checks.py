@@ -13,7 +13,8 @@ import math
 import random
 from typing import Any, Callable, Mapping, Sequence
 
-from .model import MiB, AllocatorConfig, normalize_ops, simulate
+from ..core.units import MiB
+from .model import AllocatorConfig, normalize_ops, simulate
 from ..core.checks import Feedback, check_choice, check_number, combine, unanswered
 
 

@@ -34,7 +34,8 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from ..core import alloc_conf
-from .model import MiB, round_size, simulate
+from ..core.units import MiB
+from .model import round_size, simulate
 from .snapshot import layout_summary
 from .workloads import (
     _CAP_PARAM, ANATOMY_SIZES, GRAPH_ORDERS, KNOB_CAP_MIB, KNOBS, OOM_CAP_CHOICES, OOM_CAP_MIB,

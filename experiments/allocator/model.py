@@ -25,9 +25,8 @@ import math
 import re
 from typing import Any, Iterable, Mapping, Sequence
 
-KiB = 1024
-MiB = 1024**2
-GiB = 1024**3
+from ..core.units import GiB, KiB, MiB, format_bytes  # noqa: F401  (format_bytes: the chapter's API)
+
 
 MIN_BLOCK_SIZE = 512            # every request is rounded up to a multiple of this
 SMALL_SIZE = 1 * MiB            # rounded requests up to and including this use the small pool
@@ -373,26 +372,6 @@ def op_label(op: Sequence[Any]) -> str:
     return op[0] if len(op) == 1 else f"{op[0]} {op[1]}"
 
 
-def format_bytes(nbytes: float) -> str:
-    """'16 MiB', '1.5 MiB', '100 KiB', '1 MiB + 1 B', '2 MiB − 512 B', '1000 B'.
-
-    Sizes within 4 KiB of a whole number of MiB or GiB are written exactly, as that
-    number plus or minus bytes, because the allocator's rules hinge on such boundaries.
-    """
-    nbytes = int(nbytes)
-    for unit, scale in (("GiB", GiB), ("MiB", MiB)):
-        whole = round(nbytes / scale)
-        diff = nbytes - whole * scale
-        if whole >= 1 and abs(diff) < 4096:
-            if diff == 0:
-                return f"{whole} {unit}"
-            return f"{whole} {unit} {'+' if diff > 0 else '−'} {abs(diff)} B"
-        if nbytes >= scale:
-            value = nbytes / scale
-            return f"{value:.4g} {unit}" if value < 1000 else f"{value:.0f} {unit}"
-    if nbytes >= KiB:
-        return f"{nbytes // KiB} KiB" if nbytes % KiB == 0 else f"{nbytes / KiB:.4g} KiB"
-    return f"{nbytes} B"
 
 
 # ----------------------------------------------------------------------------- the simulator

@@ -7,51 +7,21 @@ shows as text. Sizes on axes are in MiB.
 """
 from __future__ import annotations
 
-import html
 from typing import Any, Mapping, Sequence
 
-from .model import MiB, compact_layout, format_bytes
+from ..core.units import format_bytes
+from .model import compact_layout
 from .snapshot import oom_rows
+from ..core.tables import Table
+from ..core.units import mib
 from ..core.plotting import PALETTE, memory_timeline, new_figure, segment_map, stamp
 
 ORDER_LABELS = {"small_first": "small tensors first", "large_first": "large tensors first",
                 "increasing": "increasing batch size", "decreasing": "decreasing batch size"}
 
 
-class Table:
-    """Rows of text shown as an HTML table in a notebook and as aligned text by ``print``."""
-
-    def __init__(self, header: Sequence[str], rows: Sequence[Sequence[Any]], caption: str = ""):
-        self.header = [str(h) for h in header]
-        self.rows = [[str(c) for c in r] for r in rows]
-        self.caption = caption
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def _repr_html_(self) -> str:
-        cell = "text-align:left;padding:3px 12px 3px 0;vertical-align:top"
-
-        def style(text: str) -> str:   # short values ('2 MiB − 512 B') stay on one line
-            return cell + (";white-space:nowrap" if len(text) <= 16 else "")
-
-        head = "".join(f"<th style='{cell}'>{html.escape(h)}</th>" for h in self.header)
-        body = "".join("<tr>" + "".join(f"<td style='{style(c)}'>{html.escape(c)}</td>" for c in r) + "</tr>"
-                       for r in self.rows)
-        cap = f"<caption style='caption-side:bottom;font-size:85%'>{html.escape(self.caption)}</caption>" if self.caption else ""
-        return f"<table>{cap}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-    def __str__(self) -> str:
-        widths = [max(len(x) for x in col) for col in zip(self.header, *self.rows)]
-        lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in [self.header, *self.rows]]
-        lines.insert(1, "  ".join("-" * w for w in widths))
-        return "\n".join(lines + ([self.caption] if self.caption else []))
-
-    __repr__ = __str__
 
 
-def _mib(n: float) -> float:
-    return n / MiB
 
 
 # ----------------------------------------------------------------------------- request table, anatomy
@@ -144,7 +114,7 @@ def plot_timeline(result: Any) -> Any:
         ext = lambda xs: list(xs) + [xs[-1]]  # noqa: E731
         memory_timeline(steps, {"allocated": ext(o["allocated_bytes"]), "reserved": ext(o["reserved_bytes"])},
                         marks=[(o["empty_cache_step"] + 1, "empty_cache()")], ax=ax, xlabel="")
-        ax.plot(steps, [_mib(v) for v in ext(o["predicted_reserved_bytes"])], linestyle=":", color="black",
+        ax.plot(steps, [mib(v) for v in ext(o["predicted_reserved_bytes"])], linestyle=":", color="black",
                 drawstyle="steps-post", linewidth=1.2, label="reserved, model")
         for end in o["phase_ends"][:-2]:
             ax.axvline(end + 2, color="#bbbbbb", linewidth=0.8)
@@ -172,7 +142,7 @@ def plot_sequence(run: Mapping[str, Any], *, title: str = "") -> Any:
     measured = run.get("measured")
     if measured:
         m = len(measured["labels"])
-        ax.plot([i + 0.5 for i in range(1, m + 1)], [_mib(v) for v in measured["reserved_bytes"]], "o",
+        ax.plot([i + 0.5 for i in range(1, m + 1)], [mib(v) for v in measured["reserved_bytes"]], "o",
                 color="black", markersize=4, label="reserved, measured")
         ax.legend(loc="upper left", fontsize=8)
     if n <= 16:
@@ -196,7 +166,7 @@ def _outcome(p: Mapping[str, Any], predicted: bool = False) -> str:
 
 
 def _mib_or_dash(n: float | None) -> str:
-    return "-" if n is None else f"{_mib(n):.0f}"
+    return "-" if n is None else f"{mib(n):.0f}"
 
 
 def oom_table(result: Any) -> Table:
@@ -264,7 +234,7 @@ def plot_fragmentation_oom(result: Any, pattern: str = "interleave") -> Any:
     fig, (left, right) = new_figure(1, 2, width=10.0, height=max(3.2, 0.3 * len(segs) + 1.6),
                                     gridspec_kw={"width_ratios": [3, 2]})
     setting = "expandable segments" if result.params.get("expandable") else "default settings"
-    cap = _mib(d["cap_bytes"])
+    cap = mib(d["cap_bytes"])
     segment_map(segs, ax=left)
     if p.get("reached_request", True):
         what = f"the 64 MiB request → {'out of memory' if p['oom'] else 'fits'}"
@@ -277,11 +247,11 @@ def plot_fragmentation_oom(result: Any, pattern: str = "interleave") -> Any:
     pats = [d["patterns"][n] for n in names]
     reached = [q.get("reached_request", True) for q in pats]
     x = range(len(names))
-    reserved = [_mib(q["reserved_before_request_bytes"] if r else q["reserved_at_failure_bytes"])
+    reserved = [mib(q["reserved_before_request_bytes"] if r else q["reserved_at_failure_bytes"])
                 for q, r in zip(pats, reached)]
-    allocated = [_mib(q["allocated_before_request_bytes"] if r else q["allocated_at_failure_bytes"])
+    allocated = [mib(q["allocated_before_request_bytes"] if r else q["allocated_at_failure_bytes"])
                  for q, r in zip(pats, reached)]
-    after = [_mib(q["reserved_after_bytes"]) for q in pats]
+    after = [mib(q["reserved_after_bytes"]) for q in pats]
     stage = ("before the request" if all(reached) else "at the failure" if not any(reached)
              else "before the request or at the failure")
     right.bar([i - 0.2 for i in x], reserved, width=0.4, color=PALETTE[1], label=f"reserved {stage}")
@@ -333,7 +303,7 @@ def plot_graph_pools(results: Any) -> Any:
         for order in ("increasing", "decreasing"):
             o = variants["no_grad"][order]
             color = PALETTE[(2 * k + (order == "decreasing")) % len(PALETTE)]
-            left.plot(range(1, len(o["growth_after_each_bytes"]) + 1), [_mib(v) for v in o["growth_after_each_bytes"]],
+            left.plot(range(1, len(o["growth_after_each_bytes"]) + 1), [mib(v) for v in o["growth_after_each_bytes"]],
                       styles[order], marker="o", markersize=3, color=color, label=f"{setting}, {order}")
         for variant, orders in variants.items():
             groups.append((f"{setting}\n{VARIANT_LABELS[variant]}", orders))
@@ -345,7 +315,7 @@ def plot_graph_pools(results: Any) -> Any:
     groups.sort(key=lambda g: "autograd" in g[0])   # the no-grad groups first
     width = 0.38
     for order, dx, color in (("increasing", -width / 2, PALETTE[0]), ("decreasing", width / 2, PALETTE[1])):
-        values = [_mib(orders[order]["reserved_growth_bytes"]) for _, orders in groups]
+        values = [mib(orders[order]["reserved_growth_bytes"]) for _, orders in groups]
         rects = right.bar([i + dx for i in range(len(groups))], values, width=width, color=color,
                           label=f"{order} batch size")
         for rect, v in zip(rects, values):
@@ -355,7 +325,7 @@ def plot_graph_pools(results: Any) -> Any:
     right.set_xticklabels([label for label, _ in groups], fontsize=8)
     right.set_ylabel("reserved growth, all captures (MiB)")
     right.set_title("after all captures", fontsize=10)
-    top = max(_mib(orders[o]["reserved_growth_bytes"]) for _, orders in groups for o in ("increasing", "decreasing"))
+    top = max(mib(orders[o]["reserved_growth_bytes"]) for _, orders in groups for o in ("increasing", "decreasing"))
     right.set_ylim(0, top * 1.2)
     right.legend(loc="upper right", fontsize=8)
     right.grid(axis="x", visible=False)
@@ -387,19 +357,19 @@ def graph_pools_table(results: Any) -> Table:
                 elif measured.get("pool_reserved_bytes") is None:
                     row.append("-")
                 else:
-                    row.append(f"{_mib(measured['pool_reserved_bytes']):.0f}")
+                    row.append(f"{mib(measured['pool_reserved_bytes']):.0f}")
                     outside.add(measured["reserved_growth_bytes"] - measured["pool_reserved_bytes"])
-                row.append(f"{_mib(model):.0f}")
+                row.append(f"{mib(model):.0f}")
             rows.append(row)
     header = ["captured with", "order"]
     for setting in settings:
         header += [f"{setting}: pool (MiB)", f"{setting}: model (MiB)"]
     note = ""
     if len(outside) == 1:
-        note = (f"memory_reserved() grew by {_mib(outside.pop()):.0f} MiB more in every run, outside the shared "
+        note = (f"memory_reserved() grew by {mib(outside.pop()):.0f} MiB more in every run, outside the shared "
                 "pool. ")
     elif outside:
-        note = (f"memory_reserved() grew by {_mib(min(outside)):.0f} to {_mib(max(outside)):.0f} MiB more, outside "
+        note = (f"memory_reserved() grew by {mib(min(outside)):.0f} to {mib(max(outside)):.0f} MiB more, outside "
                 "the shared pool. ")
     return Table(header, rows, caption=note + " / ".join(dict.fromkeys(r.caption() for r in results)))
 
@@ -413,16 +383,16 @@ def plot_pool_boundary(result: Any) -> Any:
     d = result.data
     sw = d["sweep"]
     fig, (left, right) = new_figure(1, 2, width=10.0, height=3.4, gridspec_kw={"width_ratios": [1, 1]})
-    xs = [_mib(n) for n in sw["sizes_bytes"]]
-    left.plot(xs, [_mib(v) for v in sw["reserved_bytes"]], "o-", color=PALETTE[1], label="reserved, measured")
-    left.plot(xs, [_mib(v) for v in sw["predicted_reserved_bytes"]], ":", color="black", label="model")
+    xs = [mib(n) for n in sw["sizes_bytes"]]
+    left.plot(xs, [mib(v) for v in sw["reserved_bytes"]], "o-", color=PALETTE[1], label="reserved, measured")
+    left.plot(xs, [mib(v) for v in sw["predicted_reserved_bytes"]], ":", color="black", label="model")
     left.axvline(1.0, color=PALETTE[3], linestyle="--", linewidth=1)
     left.annotate("1 MiB: small | large", (1.0, 0.02), xycoords=("data", "axes fraction"), rotation=90,
                   fontsize=8, ha="right", va="bottom", color=PALETTE[3], xytext=(-3, 0), textcoords="offset points")
     left.set_xlabel("second request (MiB), after a freed 2 MiB tensor")
     left.set_ylabel("reserved (MiB)")
-    lo = min(_mib(v) for v in sw["reserved_bytes"] + sw["predicted_reserved_bytes"])
-    hi = max(_mib(v) for v in sw["reserved_bytes"] + sw["predicted_reserved_bytes"])
+    lo = min(mib(v) for v in sw["reserved_bytes"] + sw["predicted_reserved_bytes"])
+    hi = max(mib(v) for v in sw["reserved_bytes"] + sw["predicted_reserved_bytes"])
     left.set_ylim(max(0.0, lo - 4), hi + 4)
     left.legend(loc="upper right", fontsize=8)
     s = d["small_to_large"]
@@ -430,7 +400,7 @@ def plot_pool_boundary(result: Any) -> Any:
     segment_map(labelled, ax=right)
     fig.suptitle(f"Left: a 2 MiB tensor freed, then a second request. Right: {s['small_count']} × "
                  f"{format_bytes(s['small_bytes'])} freed, then {format_bytes(s['request_bytes'])}: reserved "
-                 f"{_mib(s['reserved_before_bytes']):.0f} → {_mib(s['reserved_after_bytes']):.0f} MiB", fontsize=10)
+                 f"{mib(s['reserved_before_bytes']):.0f} → {mib(s['reserved_after_bytes']):.0f} MiB", fontsize=10)
     return stamp(fig, result)
 
 
@@ -447,14 +417,14 @@ def plot_knobs(result: Any) -> Any:
         k = d["knobs"][name]
         runs = [("default", k["default"]), ("with the\nsetting", k["knob"]), ("expandable\nsegments", k["expandable"])]
         keys = ["default", "knob", "expandable"]
-        values = [_mib(r["reserved_bytes"][-1]) if r else 0.0 for _, r in runs]
+        values = [mib(r["reserved_bytes"][-1]) if r else 0.0 for _, r in runs]
         rects = ax.bar([label for label, _ in runs], values, color=[PALETTE[7], PALETTE[1], PALETTE[2]])
         for rect, (label, r), key in zip(rects, runs, keys):
             text = f"{rect.get_height():.0f}" if r else "not\nsupported"
             ax.annotate(text, (rect.get_x() + rect.get_width() / 2, rect.get_height()), ha="center", va="bottom",
                         fontsize=8, xytext=(0, 2), textcoords="offset points")
             pred = k["predicted"][key][-1]
-            ax.plot([rect.get_x() + 0.1, rect.get_x() + rect.get_width() - 0.1], [_mib(pred)] * 2, color="black",
+            ax.plot([rect.get_x() + 0.1, rect.get_x() + rect.get_width() - 0.1], [mib(pred)] * 2, color="black",
                     linewidth=1.5)
         ax.set_title(k["setting"], fontsize=10)
         ax.tick_params(axis="x", labelsize=8)
@@ -470,8 +440,8 @@ def knobs_table(result: Any) -> Table:
     """Workload, setting and reserved MiB at the end (default / knob / expandable) per knob."""
     rows = []
     for name, k in result.data["knobs"].items():
-        knob = f"{_mib(k['knob']['reserved_bytes'][-1]):.0f}" if k["knob"] else (k["unsupported"] or "not run")
-        rows.append([k["setting"], k["workload"], f"{_mib(k['default']['reserved_bytes'][-1]):.0f}", knob,
-                     f"{_mib(k['expandable']['reserved_bytes'][-1]):.0f}"])
+        knob = f"{mib(k['knob']['reserved_bytes'][-1]):.0f}" if k["knob"] else (k["unsupported"] or "not run")
+        rows.append([k["setting"], k["workload"], f"{mib(k['default']['reserved_bytes'][-1]):.0f}", knob,
+                     f"{mib(k['expandable']['reserved_bytes'][-1]):.0f}"])
     return Table(["setting", "workload", "default (MiB)", "with the setting (MiB)", "expandable (MiB)"], rows,
                  caption=result.caption())

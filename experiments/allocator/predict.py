@@ -4,7 +4,8 @@ fragmentation patterns, the pool boundary and the CUDA-graph pools. Plain Python
 from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
-from .model import MiB, AllocatorConfig, compact_layout, normalize_ops, request_anatomy, simulate
+from ..core.units import MiB
+from .model import AllocatorConfig, compact_layout, normalize_ops, request_anatomy, simulate
 from .snapshot import layout_summary, parse_oom_message
 from .workloads import (
     _CAP_PARAM, BOUNDARY_SIZES, GRAPH_DTYPE, GRAPH_ORDERS, OOM_CAP_MIB, OOM_PATTERNS, OOM_REQUEST_MIB,

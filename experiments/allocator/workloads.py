@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..core.registry import Param
-from .model import KiB, MiB
+from ..core.units import KiB, MiB
 
 # One tensor each: every boundary of the rounding rules (allocator-rules.md §I.1).
 PROBE_SIZES = (1, 511, 512, 513, 1000, 100 * KiB, MiB - 1, MiB, MiB + 1, 2 * MiB, 5 * MiB, 10 * MiB - 1,

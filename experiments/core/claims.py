@@ -200,3 +200,13 @@ class ClaimsTable:
 def claims_table(chapter: int | None = None, *, mode: str | None = None) -> ClaimsTable:
     """Evaluate a chapter's claims (or all) and return a displayable table."""
     return ClaimsTable(evaluate_all(chapter, mode=mode))
+
+
+def show_claim(claim_id: str, *, mode: str | None = None) -> "ClaimsTable":
+    """One claim evaluated (live on a GPU, on the recording otherwise) as a one-row
+    :class:`ClaimsTable`, for the sentence of a chapter that makes the claim.
+
+    Raises:
+        ValueError: an unknown claim id (naming the near misses).
+    """
+    return ClaimsTable([evaluate(get_claim(claim_id), mode=mode)])

@@ -35,6 +35,38 @@ class Stats:
     def __str__(self) -> str:
         return f"{self.median:.3g} {self.unit} (p10 {self.p10:.3g}, p90 {self.p90:.3g}, n={self.n})"
 
+    def to_dict(self) -> dict[str, Any]:
+        """The form recorded results keep: ``{"median", "p10", "p90", "n"}`` (see :data:`STATS_SCHEMA`)."""
+        return {"median": self.median, "p10": self.p10, "p90": self.p90, "n": self.n}
+
+
+# The JSON schema of :meth:`Stats.to_dict`, for experiments' data schemas.
+STATS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["median", "p10", "p90", "n"],
+    "properties": {"median": {"type": "number"}, "p10": {"type": "number"}, "p90": {"type": "number"},
+                   "n": {"type": "integer", "minimum": 1}},
+}
+
+
+def stats_dict(samples: Sequence[float]) -> dict[str, Any]:
+    """``summarize(samples).to_dict()``: median, p10, p90 and n of ``samples`` (ms).
+
+    Raises:
+        ValueError: on an empty sample.
+    """
+    return summarize(samples).to_dict()
+
+
+def host_spin(ms: float) -> None:
+    """Keep the host busy for ``ms`` milliseconds (a stand-in for Python work: dispatch,
+    decoding a batch). A busy-wait, because ``time.sleep`` overshoots by tens of µs and varies."""
+    if ms <= 0:
+        return
+    end = time.perf_counter() + ms / 1e3
+    while time.perf_counter() < end:
+        pass
+
 
 def _quantile(sorted_xs: Sequence[float], q: float) -> float:
     """Linear-interpolated quantile of sorted data (numpy's default method)."""

@@ -14,8 +14,8 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-MiB = 2**20
-GiB = 2**30
+from .units import format_bytes, mib
+
 
 PALETTE = ["#3b6ea8", "#d9822b", "#3f9a5b", "#b5403a", "#7b5ea7", "#8c6d46", "#c2549d", "#6b6b6b"]
 
@@ -71,9 +71,6 @@ def stamp(fig: Figure, source: Any) -> Figure:
     return fig
 
 
-def mib(nbytes: float) -> float:
-    """Bytes to MiB."""
-    return nbytes / MiB
 
 
 def memory_timeline(
@@ -151,11 +148,11 @@ def segment_map(
             ax.barh(row, mib(block["size"]), left=mib(offset), height=0.7,
                     color=STATE_COLORS[state], edgecolor="white", linewidth=0.8)
             if block["size"] >= label_min_fraction * widest:
-                ax.text(mib(offset + block["size"] / 2), row, _size_label(block["size"]), ha="center",
+                ax.text(mib(offset + block["size"] / 2), row, format_bytes(block["size"], digits=3), ha="center",
                         va="center", fontsize=7, color="white" if state != "inactive" else "#333333")
             offset += block["size"]
     ax.set_yticks(range(len(segments)))
-    ax.set_yticklabels([s.get("label") or f"{s['pool']} · {_size_label(s['total_size'])}" for s in segments])
+    ax.set_yticklabels([s.get("label") or f"{s['pool']} · {format_bytes(s['total_size'], digits=3)}" for s in segments])
     ax.invert_yaxis()
     ax.set_xlabel("offset in segment (MiB)")
     ax.grid(axis="y", visible=False)
@@ -166,15 +163,6 @@ def segment_map(
     return fig
 
 
-def _size_label(nbytes: int) -> str:
-    if nbytes >= MiB:
-        v = nbytes / MiB
-        if v.is_integer():
-            return f"{v:.0f} MiB"
-        return f"{v:.1f} MiB" if v >= 10 else f"{v:.2g} MiB"  # 18.5 MiB stays 18.5, not 18
-    if nbytes >= 1024:
-        return f"{nbytes / 1024:.0f} KiB"
-    return f"{nbytes} B"
 
 
 def stream_lanes(

@@ -17,7 +17,8 @@ import time
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from . import store
-from .text import close_names, number
+from .text import close_names
+from .units import number
 from .device import Provenance, collect_provenance, has_cuda, in_colab, require_cuda, COLAB_SWITCH_HINT
 
 MODES = ("auto", "live", "recorded")

@@ -1,15 +1,10 @@
-"""Small text helpers for messages: numbers people can read, and 'did you mean'."""
+"""'Did you mean' for messages that reject a name. Numbers and sizes: :mod:`.units`."""
 from __future__ import annotations
 
 import difflib
 from typing import Iterable
 
 
-def number(x: float) -> str:
-    """1024 -> '1024', 536870912.0 -> '536,870,912', 0.5 -> '0.5'."""
-    if float(x).is_integer():
-        return f"{int(x):,}" if abs(x) >= 10_000 else str(int(x))
-    return f"{x:g}"
 
 
 def close_names(name: str, known: Iterable[str]) -> str:

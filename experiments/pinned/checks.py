@@ -12,7 +12,8 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from ..core.checks import Feedback, check_choice, check_number, combine, unanswered
 from ..core.device import has_cuda
-from .model import LIFECYCLE_STEPS, MiB, simulate_lifecycle
+from ..core.units import MiB
+from .model import LIFECYCLE_STEPS, simulate_lifecycle
 
 # ---------------------------------------------------------------- 1. predict the owned bytes
 

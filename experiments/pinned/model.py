@@ -22,11 +22,9 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from ..core.alloc_conf import KNOWN_OPTIONS
+from ..core.units import MiB  # noqa: F401  (re-exported for the chapter)
 from ..core.device import torch_version
 
-KiB = 2**10
-MiB = 2**20
-GiB = 2**30
 
 POST_URL = "https://docs.pytorch.org/devlogs/eager/2026-08-09-pinned-memory-allocator/"
 HOST_STATS_DOC = "https://docs.pytorch.org/docs/stable/generated/torch.cuda.memory.host_memory_stats.html"

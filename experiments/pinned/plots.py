@@ -11,21 +11,13 @@ from typing import Sequence
 
 from matplotlib.figure import Figure
 
+from ..core.units import MiB, format_bytes
 from ..core.plotting import PALETTE, new_figure, stamp, stream_lanes
 from ..core.registry import Result
 
-MiB = 2**20
 _DIRECTION = {"htod": "host to device (HtoD)", "dtoh": "device to host (DtoH)"}
 
 
-def _size_label(nbytes: float) -> str:
-    if nbytes >= 2**30:
-        return f"{nbytes / 2**30:g} GiB"
-    if nbytes >= MiB:
-        return f"{nbytes / MiB:g} MiB"
-    if nbytes >= 1024:
-        return f"{nbytes / 1024:g} KiB"
-    return f"{nbytes:g} B"
 
 
 def _request_label(nbytes: int) -> str:
@@ -56,12 +48,12 @@ def plot_bandwidth(result: Result) -> Figure:
     ax.set_xscale("log", base=2)
     ticks = sizes[::2] if len(sizes) > 5 else sizes
     ax.set_xticks(ticks)
-    ax.set_xticklabels([_size_label(s) for s in ticks])
+    ax.set_xticklabels([format_bytes(s) for s in ticks])
     ax.set_xlabel("bytes per copy")
     ax.set_ylabel("bandwidth (GB/s, 1 GB = 1e9 B)")
     big = sizes[-1]
     ax.set_title(f"{_DIRECTION[d['direction']]}: {d['pinned_gbps'][-1]:.1f} GB/s pinned, "
-                 f"{d['pageable_gbps'][-1]:.1f} GB/s pageable at {_size_label(big)}")
+                 f"{d['pageable_gbps'][-1]:.1f} GB/s pageable at {format_bytes(big)}")
     ax.set_ylim(bottom=0, top=max([*d["pinned_gbps"], (link or {}).get("peak_gbps") or 0]) * 1.15)
     ax.legend(loc="center right")
     return stamp(fig, result)
@@ -92,7 +84,7 @@ def plot_async_copy(result: Result) -> Figure:
     ax.set_ylim(0, max(queued * 1.35, max(v["host_blocked_ms"]["p90"] for v in vs) * 1.15))
     ax.set_ylabel("host blocked in the copy call (ms)")
     p = result.params
-    ax.set_title(f"{_size_label(p['size_kib'] * 1024)} {_DIRECTION[p['direction']]}")
+    ax.set_title(f"{format_bytes(p['size_kib'] * 1024)} {_DIRECTION[p['direction']]}")
     ax.grid(axis="x", visible=False)
     return stamp(fig, result)
 
@@ -360,10 +352,10 @@ def bandwidth_summary(result: Result) -> str:
     best = max(range(len(page)), key=page.__getitem__)
     return "\n".join([
         f"{_DIRECTION[d['direction']]}:",
-        f"  {_size_label(sizes[-1]):>6}: pinned {pin[-1]:.1f} GB/s{share}, pageable {page[-1]:.1f} GB/s: "
+        f"  {format_bytes(sizes[-1]):>6}: pinned {pin[-1]:.1f} GB/s{share}, pageable {page[-1]:.1f} GB/s: "
         f"{pin[-1] / page[-1]:.1f}x",
-        f"  {_size_label(sizes[0]):>6}: pinned {pin[0]:.2f} GB/s, pageable {page[0]:.2f} GB/s",
-        f"  pageable at best: {page[best]:.1f} GB/s ({_size_label(sizes[best])})",
+        f"  {format_bytes(sizes[0]):>6}: pinned {pin[0]:.2f} GB/s, pageable {page[0]:.2f} GB/s",
+        f"  pageable at best: {page[best]:.1f} GB/s ({format_bytes(sizes[best])})",
     ])
 
 
@@ -409,8 +401,8 @@ def pin_cost_summary(result: Result) -> str:
     d = result.data
     size = d["sizes_bytes"][-1]
     fresh, cached, repin = (d[k][-1]["median"] for k in ("fresh_ms", "cached_ms", "pin_memory_ms"))
-    return (f"{_size_label(size)}: fresh {fresh:.1f} ms, from the cache {cached * 1e3:.0f} µs "
-            f"({fresh / cached:,.0f}x faster)\n{_size_label(size)}: pin_memory() of a pageable tensor "
+    return (f"{format_bytes(size)}: fresh {fresh:.1f} ms, from the cache {cached * 1e3:.0f} µs "
+            f"({fresh / cached:,.0f}x faster)\n{format_bytes(size)}: pin_memory() of a pageable tensor "
             f"{repin:.1f} ms ({size / (repin * 1e-3) / 1e9:.0f} GB/s)"
             f"\nfresh pinning, sizes of 16 MiB and up: {d['fresh_ms_per_mib']:.2f} ms per MiB")
 

@@ -1,12 +1,15 @@
 """Chapter 2: cross-stream memory (record_stream versus an event handoff).
 
 The chapter's public API; the code lives in the modules beside this one."""
+from ..core.units import (  # noqa: F401
+    MiB,
+)
 from .measurements import (  # noqa: F401
     memory_cap, pipeline, POST_URL, runahead, RUNAHEAD_POINTS, SLACK_BYTES, strategies, timeline,
     validate_cap,
 )
 from .workloads import (  # noqa: F401
-    block_ids, buffer_numel, max_live_buffers, MiB, overlap_ms, reference_handoff, run_pipeline,
+    block_ids, buffer_numel, max_live_buffers, overlap_ms, reference_handoff, run_pipeline,
     STRATEGIES, warm_up,
 )
 from .plots import (  # noqa: F401

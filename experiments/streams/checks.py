@@ -14,7 +14,8 @@ from ..core import registry
 from ..core.checks import Feedback, check_choice, check_number, unanswered
 from ..core.device import check_fits, has_cuda
 from ..core.registry import Result
-from .workloads import MiB, STRATEGIES, buffer_numel, reference_handoff, run_handoff, warm_up
+from ..core.units import MiB
+from .workloads import STRATEGIES, buffer_numel, reference_handoff, run_handoff, warm_up
 
 def _result(exp_id: str, result: Result | None, **params: Any) -> Result:
     return result if result is not None else registry.run(exp_id, cache=True, **params)

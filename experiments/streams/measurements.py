@@ -19,12 +19,12 @@ import statistics
 from typing import Any, Callable, Mapping, Sequence
 
 from ..core.claims import claim
+from ..core.units import mib_figure
 from ..core.device import check_fits
 from ..core.registry import Param, experiment
 from ..core.runner import run_fresh
-from .workloads import (
-    MiB, STRATEGIES, block_ids, buffer_numel, max_live_buffers, overlap_ms, run_pipeline, warm_up,
-)
+from ..core.units import MiB
+from .workloads import STRATEGIES, block_ids, buffer_numel, max_live_buffers, overlap_ms, run_pipeline, warm_up
 
 
 POST_URL = "https://docs.pytorch.org/devlogs/eager/2026-09-29-cross-stream-memory-without-record-stream/"
@@ -442,10 +442,6 @@ def _extreme_points(d: Mapping[str, Any]) -> tuple[int, int]:
     return ra.index(min(ra)), ra.index(max(ra))
 
 
-def _mib_figure(nbytes: float) -> float | int:
-    """MiB for a claims table: whole numbers without a decimal point."""
-    v = nbytes / MiB
-    return int(v) if v == int(v) else round(v, 1)
 
 
 def _point_text(pt: Mapping[str, Any]) -> str:
@@ -459,8 +455,8 @@ def _claim_runahead(d: Mapping[str, Any]) -> tuple[bool, dict[str, Any]]:
     lo, hi = _extreme_points(d)
     act = d["record_stream"]["peak_active_bytes"]
     ratio = act[hi] / act[lo] if act[lo] > 0 else math.inf
-    return ratio >= 8, {"peak active MiB, largest run-ahead": _mib_figure(act[hi]),
-                        "peak active MiB, smallest run-ahead": _mib_figure(act[lo]), "ratio": ratio,
+    return ratio >= 8, {"peak active MiB, largest run-ahead": mib_figure(act[hi]),
+                        "peak active MiB, smallest run-ahead": mib_figure(act[lo]), "ratio": ratio,
                         "largest run-ahead": _point_text(d["points"][hi]),
                         "smallest run-ahead": _point_text(d["points"][lo])}
 
@@ -471,8 +467,8 @@ def _claim_runahead(d: Mapping[str, Any]) -> tuple[bool, dict[str, Any]]:
 def _claim_event_bounded(d: Mapping[str, Any]) -> tuple[bool, dict[str, Any]]:
     bound = (d["in_flight"] + 1) * d["buffer_bytes"]
     peaks = d["event"]["peak_active_bytes"]
-    return max(peaks) <= bound + SLACK_BYTES, {"highest peak active MiB": _mib_figure(max(peaks)),
-                                               "bound MiB": _mib_figure(bound), "buffers in flight": d["in_flight"]}
+    return max(peaks) <= bound + SLACK_BYTES, {"highest peak active MiB": mib_figure(max(peaks)),
+                                               "bound MiB": mib_figure(bound), "buffers in flight": d["in_flight"]}
 
 
 @claim("streams.allocated_misses_parked", chapter=2, experiment="streams.runahead", source=POST_URL,
@@ -481,5 +477,5 @@ def _claim_event_bounded(d: Mapping[str, Any]) -> tuple[bool, dict[str, Any]]:
 def _claim_allocated(d: Mapping[str, Any]) -> tuple[bool, dict[str, Any]]:
     _, hi = _extreme_points(d)
     alloc, act = d["record_stream"]["peak_allocated_bytes"][hi], d["record_stream"]["peak_active_bytes"][hi]
-    return alloc < 0.5 * act, {"peak allocated MiB": _mib_figure(alloc), "peak active MiB": _mib_figure(act),
+    return alloc < 0.5 * act, {"peak allocated MiB": mib_figure(alloc), "peak active MiB": mib_figure(act),
                                "at": _point_text(d["points"][hi])}

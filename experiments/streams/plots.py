@@ -9,7 +9,9 @@ from typing import Any, Sequence
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
-from ..core.plotting import PALETTE, bars, mib, new_figure, stamp, stream_lanes
+from ..core.tables import Table
+from ..core.units import mib
+from ..core.plotting import PALETTE, bars, new_figure, stamp, stream_lanes
 from ..core.registry import Result
 from .workloads import STRATEGY_LABELS
 
@@ -233,16 +235,7 @@ def plot_timeline(result: Result) -> Any:
 
 # ------------------------------------------------------------------ text tables for the page
 
-def _text_table(header: Sequence[str], rows: Sequence[Sequence[Any]], *, right: Sequence[bool]) -> str:
-    """Aligned columns (numbers right-aligned), a rule under the header."""
-    cells = [[str(c) for c in r] for r in [header, *rows]]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    def line(r: Sequence[str]) -> str:
-        return "  ".join(c.rjust(w) if ra else c.ljust(w) for c, w, ra in zip(r, widths, right)).rstrip()
-    return "\n".join([line(cells[0]), "  ".join("-" * w for w in widths), *(line(r) for r in cells[1:])])
-
-
-def strategies_table(result: Result) -> str:
+def strategies_table(result: Result) -> Table:
     """One row per strategy of a ``streams.strategies`` result: corrupted trials, blocks,
     peak active memory (MiB), GPU span and overlap (ms), and the value each layer read."""
     d = result.data
@@ -252,13 +245,13 @@ def strategies_table(result: Result) -> str:
         rows.append([s, f"{r['corrupted_trials']} of {r['trials']}", r["distinct_blocks"],
                      f"{mib(r['peak_active_bytes']):.0f}", f"{r['span_ms']:.1f}", f"{r['overlap_ms']:.1f}",
                      ", ".join(f"{v:g}" for v in r["read_mean"])])
-    table = _text_table(["strategy", "corrupted", "blocks", "active (MiB)", "span (ms)", "overlap (ms)",
-                         "layers read"], rows, right=[False, True, True, True, True, True, False])
-    return table + (f"\nactive: peak above the start; span: GPU time; overlap: producer and consumer both busy."
-                    f"\nWith no overlap at all, the GPU would need {d['serial_ms']:g} ms.")
+    caption = ("active: peak above the start; span: GPU time; overlap: producer and consumer both busy.\n"
+               f"With no overlap at all, the GPU would need {d['serial_ms']:g} ms.")
+    return Table(["strategy", "corrupted", "blocks", "active (MiB)", "span (ms)", "overlap (ms)", "layers read"],
+                 rows, caption, right=[False, True, True, True, True, True, False])
 
 
-def runahead_table(result: Result) -> str:
+def runahead_table(result: Result) -> Table:
     """One row per point of a ``streams.runahead`` result: GPU and host time per layer (ms),
     and the blocks and peak active memory (MiB) of record_stream and the event handoff."""
     d = result.data
@@ -266,13 +259,13 @@ def runahead_table(result: Result) -> str:
     rows = [[f"{pt['consumer_ms']:g}", f"{pt['host_delay_ms']:g}", f"{rs['distinct_blocks'][k]:.0f}",
              f"{mib(rs['peak_active_bytes'][k]):.0f}", f"{ev['distinct_blocks'][k]:.0f}",
              f"{mib(ev['peak_active_bytes'][k]):.0f}"] for k, pt in enumerate(d["points"])]
-    table = _text_table(["GPU (ms)", "host (ms)", "record_stream blocks", "active (MiB)", "event blocks",
-                         "active (MiB)"], rows, right=[True] * 6)
-    return table + (f"\nGPU and host: time per layer; active: peak above the start.\n{d['layers']} layers of "
-                    f"{mib(d['buffer_bytes']):g} MiB, medians of {d['repeats']} runs.")
+    caption = (f"GPU and host: time per layer; active: peak above the start.\n{d['layers']} layers of "
+               f"{mib(d['buffer_bytes']):g} MiB, medians of {d['repeats']} runs.")
+    return Table(["GPU (ms)", "host (ms)", "record_stream blocks", "active (MiB)", "event blocks", "active (MiB)"],
+                 rows, caption, right=[True] * 6)
 
 
-def memory_cap_table(result: Result) -> str:
+def memory_cap_table(result: Result) -> Table:
     """Retries, slowest allocation (ms), peak reserved (MiB) and GPU span (ms) of both
     strategies under the cap, and an estimate of one record_stream stall: the buffers that
     fill the cap times the consumer's work per layer (ms)."""
@@ -286,14 +279,15 @@ def memory_cap_table(result: Result) -> str:
             continue
         rows.append([label, s["num_alloc_retries"], f"{s['worst_alloc_ms']:.2f}", f"{mib(s['peak_reserved_bytes']):.0f}",
                      f"{s['span_ms']:.1f}"])
-    table = _text_table(["strategy", "retries", "slowest torch.empty (ms)", "reserved (MiB)", "span (ms)"],
-                        rows, right=[False, True, True, True, True])
+    columns = ["strategy", "retries", "slowest torch.empty (ms)", "reserved (MiB)", "span (ms)"]
+    right = [False, True, True, True, True]
     rs = st["record_stream"]
     if rs["oom"]:
-        return table
+        return Table(columns, rows, right=right)
     parked = rs["peak_reserved_bytes"] // d["buffer_bytes"]
     consumer_ms = result.params["consumer_ms"]
-    return table + (f"\nreserved: peak above the start; span: GPU time.\n"
-                    f"One record_stream stall, estimated: {parked} buffers fill the cap, each behind "
-                    f"{consumer_ms:g} ms\nof consumer work, so about {parked * consumer_ms:.1f} ms; the slowest "
-                    f"allocation took {rs['worst_alloc_ms']:.1f} ms.")
+    caption = (f"reserved: peak above the start; span: GPU time.\n"
+               f"One record_stream stall, estimated: {parked} buffers fill the cap, each behind "
+               f"{consumer_ms:g} ms\nof consumer work, so about {parked * consumer_ms:.1f} ms; the slowest "
+               f"allocation took {rs['worst_alloc_ms']:.1f} ms.")
+    return Table(columns, rows, caption, right=right)

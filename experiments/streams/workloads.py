@@ -32,9 +32,9 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ..core.measure import calibrate_sleep, gpu_sleep, reset_allocator, track_memory
+from ..core.units import MiB
+from ..core.measure import calibrate_sleep, gpu_sleep, host_spin, reset_allocator, track_memory
 
-MiB = 2**20
 ROW = 1024  # elements per row of the view the consumer reduces
 FLOAT_BYTES = 4
 
@@ -120,13 +120,6 @@ def block_ids(ptrs: Sequence[int]) -> list[int]:
     return [seen.setdefault(p, len(seen)) for p in ptrs]
 
 
-def _spin(ms: float) -> None:
-    """Busy-wait ``ms`` on the host; sleep() would overshoot by tens of µs and vary."""
-    if ms <= 0:
-        return
-    end = time.perf_counter() + ms / 1e3
-    while time.perf_counter() < end:
-        pass
 
 
 def _timed_event(stream: torch.cuda.Stream) -> torch.cuda.Event:
@@ -229,7 +222,7 @@ def run_pipeline(
                     producer.wait_event(old_done)  # the wait goes in before the release
                     del old
             del_ms.append((time.perf_counter() - t0) * 1e3)
-            _spin(host_delay_ms)
+            host_spin(host_delay_ms)
             host_iv.append((h_start, (time.perf_counter() - t0) * 1e3))
             if instrument:
                 gpu_marks.append((p0, ready, c0, done))

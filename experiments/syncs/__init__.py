@@ -5,7 +5,7 @@ from .measurements import (  # noqa: F401
     BLIND_SPOT_CASES, BLIND_SPOT_WORK_MS, blind_spots, case_study, catalogue, CATALOGUE_QUIET,
     CATALOGUE_SYNCING, COPY_SIZES_KIB, COPY_VARIANTS, describe_case_study, find_hidden_syncs,
     pageable_threshold, POST, queue_probe, QUEUED_MS, run_ahead, RUN_AHEAD_SYNC_STEP,
-    RUN_AHEAD_VARIANTS, show_claim,
+    RUN_AHEAD_VARIANTS,
 )
 from .model import (  # noqa: F401
     BLOCKED_FRACTION, copy_threshold, predicted_run_ahead_ms, RUN_AHEAD_STEPS,
@@ -33,7 +33,7 @@ from .ops import (  # noqa: F401
 )
 
 __all__ = [
-    'BLIND_SPOT_CASES', 'blind_spot_table', 'BLIND_SPOT_WORK_MS', 'blind_spots', 'BLIND_SPOTS',
+    'BLIND_SPOT_CASES', 'blind_spot_table', 'BLIND_SPOT_WORK_MS', 'BLIND_SPOTS', 'blind_spots',
     'BLOCKED_FRACTION', 'CAPTURE_NUMEL', 'capture_probe', 'CASE_PHASES', 'case_study',
     'case_study_table', 'catalogue', 'CATALOGUE_QUIET', 'CATALOGUE_SYNCING', 'catalogue_table',
     'check_bubble_cost', 'check_classification', 'check_run_ahead_prediction',
@@ -45,6 +45,5 @@ __all__ = [
     'plot_queue_probe', 'plot_run_ahead', 'POST', 'predicted_run_ahead_ms', 'predicted_step_ms',
     'queue_probe', 'QUEUED_MS', 'QUIZ_OPS', 'reduce_grad_stats', 'reduce_grad_stats_fixed',
     'run_ahead', 'RUN_AHEAD_STEPS', 'RUN_AHEAD_SYNC_STEP', 'run_ahead_table', 'RUN_AHEAD_VARIANTS',
-    'run_case_study', 'show_claim', 'STAT_COLUMNS', 'SUM_COLS', 'SyncDetector', 'SyncError',
-    'SyncEvent'
+    'run_case_study', 'STAT_COLUMNS', 'SUM_COLS', 'SyncDetector', 'SyncError', 'SyncEvent'
 ]

@@ -328,7 +328,7 @@ def measure_variant(ts: TrainingStep, reduce_fn: Callable, *, steps: int, warmup
         iv["start_ms"] -= offset
         iv["end_ms"] -= offset
     return {
-        "step_ms": {"median": s.median, "p10": s.p10, "p90": s.p90, "n": s.n},
+        "step_ms": s.to_dict(),
         "wall_ms_per_step": wall_ms / steps,
         "host_phase_ms": {k: statistics.median(v) for k, v in phases.host_ms().items()},
         "syncs_per_step": det.count,

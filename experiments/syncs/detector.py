@@ -66,6 +66,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from ..core.units import format_bytes
 from ..core.device import COLAB_SWITCH_HINT, NoGPUError, has_cuda, in_colab
 
 __all__ = ['SYNC_WARNING_TEXT', 'MODES', 'THREADS', 'DEFAULT_PAGEABLE_THRESHOLD_BYTES', 'KINDS', 'EXPLICIT_KINDS', 'COPY_KINDS', 'BLIND_SPOTS', 'SyncError', 'SyncEvent', 'non_blocking_of_to', 'classify_copy', 'patched_entry_points', 'SyncDetector', 'format_report', 'no_syncs', 'no_gpu_message', 'count_debug_mode_syncs']
@@ -243,15 +244,9 @@ def _check_copy(src: Any, dst: Any, non_blocking: bool) -> None:
                          dst_pinned=bool(d == "cpu" and dst.is_pinned()))
     if kind is not None:
         nbytes = src.numel() * src.element_size()
-        _HUB.dispatch(_make_event(kind, f"{_size_text(nbytes)} {KINDS[kind]}", nbytes))
+        _HUB.dispatch(_make_event(kind, f"{format_bytes(nbytes)} {KINDS[kind]}", nbytes))
 
 
-def _size_text(nbytes: int) -> str:
-    if nbytes >= 2**20:
-        return f"{nbytes / 2**20:.1f} MiB"
-    if nbytes >= 1024:
-        return f"{nbytes / 1024:.0f} KiB"
-    return f"{nbytes} B"
 
 
 # ----------------------------------------------------------------- wrappers

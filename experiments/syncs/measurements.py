@@ -24,7 +24,7 @@ import torch
 from ..core import claims as _claims
 from ..core.claims import claim
 from ..core.device import check_fits, has_cuda
-from ..core.measure import gpu_sleep, time_host
+from ..core.measure import STATS_SCHEMA, gpu_sleep, host_spin, time_host
 from ..core.registry import Param, experiment, run
 from .detector import SyncDetector, count_debug_mode_syncs
 from .case import PHASES as CASE_PHASES
@@ -36,12 +36,6 @@ from .model import BLOCKED_FRACTION, RUN_AHEAD_STEPS, _slope, copy_threshold
 
 POST = "https://docs.pytorch.org/devlogs/eager/2026-08-11-hidden-h2d-sync/"
 
-_STATS = {
-    "type": "object",
-    "required": ["median", "p10", "p90", "n"],
-    "properties": {"median": {"type": "number"}, "p10": {"type": "number"}, "p90": {"type": "number"},
-                   "n": {"type": "integer", "minimum": 1}},
-}
 _INTERVAL = {
     "type": "object",
     "required": ["start_ms", "end_ms"],
@@ -73,11 +67,6 @@ _RUN_AHEAD_VARIANT = {
 }
 
 
-def _spin(ms: float) -> None:
-    """Busy-wait on the host for ``ms``: a stand-in for Python overhead (dispatch, bookkeeping)."""
-    end = time.perf_counter() + ms / 1e3
-    while time.perf_counter() < end:
-        pass
 
 
 def _run_ahead_variant(variant: str, host_ms: float, gpu_ms: float) -> dict[str, Any]:
@@ -98,7 +87,7 @@ def _run_ahead_variant(variant: str, host_ms: float, gpu_ms: float) -> dict[str,
     host, pairs = [], []
     for i in range(RUN_AHEAD_STEPS):
         a = time.perf_counter()
-        _spin(host_ms)
+        host_spin(host_ms)
         b = time.perf_counter()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -170,7 +159,7 @@ _ROW = {
                  "syncs", "capturable"],
     "properties": {
         "debug_mode_syncs": {"type": "integer", "minimum": 0}, "detector_syncs": {"type": "integer", "minimum": 0},
-        "host_blocked_ms": _STATS, "blocks": {"type": "boolean"}, "syncs": {"type": "boolean"},
+        "host_blocked_ms": STATS_SCHEMA, "blocks": {"type": "boolean"}, "syncs": {"type": "boolean"},
         "capturable": {"type": ["boolean", "null"]},
     },
 }
@@ -232,7 +221,7 @@ QUEUED_MS = (0.0, 5.0, 10.0)
         "type": "object",
         "required": ["op", "code", "queued_ms", "host_blocked_ms", "debug_mode_syncs", "slope"],
         "properties": {"queued_ms": {"type": "array", "items": {"type": "number"}, "minItems": 2},
-                       "host_blocked_ms": {"type": "array", "items": _STATS, "minItems": 2},
+                       "host_blocked_ms": {"type": "array", "items": STATS_SCHEMA, "minItems": 2},
                        "slope": {"type": "number"}},
     },
 )
@@ -320,7 +309,7 @@ _PHASE_MS = {"type": "object", "required": list(CASE_PHASES),
 _CASE_VARIANT = {
     "type": "object",
     "required": ["step_ms", "wall_ms_per_step", "syncs_per_step", "sync_report", "timeline"],
-    "properties": {"step_ms": _STATS, "syncs_per_step": {"type": "integer", "minimum": 0},
+    "properties": {"step_ms": STATS_SCHEMA, "syncs_per_step": {"type": "integer", "minimum": 0},
                    "host_phase_ms": _PHASE_MS,
                    "timeline": {"type": "object", "required": ["host", "gpu"]}},
 }
@@ -487,9 +476,6 @@ def describe_case_study(result: Any) -> str:
     return "\n".join(textwrap.fill(line, 88) for line in lines)
 
 
-def show_claim(claim_id: str, *, mode: str | None = None) -> _claims.ClaimsTable:
-    """One claim, evaluated (live on a GPU, recorded otherwise), as a displayable table row."""
-    return _claims.ClaimsTable([_claims.evaluate(_claims.get_claim(claim_id), mode=mode)])
 
 
 # ----------------------------------------------------------------- the detector on a page

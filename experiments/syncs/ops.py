@@ -352,8 +352,6 @@ def get_op(op_id: str) -> Op:
         raise ValueError(f"op must be one of {list(OP_IDS)}, got {op_id!r}") from None
 
 
-def _pack(stats: Any) -> dict[str, Any]:
-    return {"median": stats.median, "p10": stats.p10, "p90": stats.p90, "n": stats.n}
 
 
 def measure_op(op: Op, numel: int, work_ms: float, *, repeats: int = 3) -> dict[str, Any]:
@@ -376,7 +374,7 @@ def measure_op(op: Op, numel: int, work_ms: float, *, repeats: int = 3) -> dict[
     blocked = time_host(fn, setup=lambda: gpu_sleep(work_ms), warmup=1, repeats=repeats)
     del fn
     return {"debug_mode_syncs": alone.count, "detector_syncs": full.count,
-            "detector_kinds": sorted(full.counts()), "host_blocked_ms": _pack(blocked)}
+            "detector_kinds": sorted(full.counts()), "host_blocked_ms": blocked.to_dict()}
 
 
 def host_blocked_series(op: Op, numel: int, queued_ms: list[float], *, repeats: int = 3) -> list[dict[str, Any]]:
@@ -387,7 +385,7 @@ def host_blocked_series(op: Op, numel: int, queued_ms: list[float], *, repeats: 
     torch.cuda.synchronize()
     out = []
     for q in queued_ms:
-        out.append(_pack(time_host(fn, setup=lambda q=q: gpu_sleep(q), warmup=1, repeats=repeats)))
+        out.append(time_host(fn, setup=lambda q=q: gpu_sleep(q), warmup=1, repeats=repeats).to_dict())
     del fn
     return out
 

@@ -5,13 +5,13 @@ ms, sizes in KiB/MiB.
 """
 from __future__ import annotations
 
-import html
-from typing import Any, Sequence
+from typing import Any
 
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
+from ..core.tables import Table
 from ..core.plotting import PALETTE, new_figure, stamp, stream_lanes
 from ..core.registry import Result
 
@@ -27,68 +27,6 @@ COPY_LABELS = {"pageable_non_blocking": "pageable, non_blocking=True", "pageable
 ROW_COLORS = {"reported": SYNC_RED, "missed": PALETTE[4], "quiet": PALETTE[2]}
 
 
-class HtmlTable:
-    """Rows of text shown as an HTML table in notebooks and as aligned text elsewhere.
-
-    Args:
-        columns, rows: header and cells (cells are shown as text).
-        caption: shown under the table.
-        highlight: per row, shade it.
-        groups: per row, a group name; a header row is inserted where it changes.
-        code_columns: indices of columns shown in a monospace font.
-        summary: if given, the table is folded under this line (an HTML ``<details>``).
-    """
-
-    def __init__(self, columns: Sequence[str], rows: Sequence[Sequence[Any]], caption: str = "",
-                 highlight: Sequence[bool] | None = None, *, groups: Sequence[str] | None = None,
-                 code_columns: Sequence[int] = (), summary: str = "") -> None:
-        self.columns = list(columns)
-        self.rows = [[str(c) for c in r] for r in rows]
-        self.caption = caption
-        self.highlight = list(highlight) if highlight is not None else [False] * len(self.rows)
-        self.groups = list(groups) if groups is not None else [""] * len(self.rows)
-        self.code_columns = set(code_columns)
-        self.summary = summary
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def __str__(self) -> str:
-        widths = [max(len(c), *(len(r[i]) for r in self.rows)) if self.rows else len(c)
-                  for i, c in enumerate(self.columns)]
-        lines = ["  ".join(c.ljust(w) for c, w in zip(self.columns, widths))]
-        group = ""
-        for r, g in zip(self.rows, self.groups):
-            if g and g != group:
-                lines.append(f"-- {g}")
-                group = g
-            lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)))
-        if self.caption:
-            lines.append(self.caption)
-        return "\n".join(lines)
-
-    def _cell(self, i: int, text: str) -> str:
-        body = html.escape(text)
-        if i in self.code_columns:
-            body = f"<code style='white-space:nowrap'>{body}</code>"
-        return f"<td style='text-align:left;padding:2px 8px;vertical-align:top'>{body}</td>"
-
-    def _repr_html_(self) -> str:
-        head = "".join(f"<th style='text-align:left;padding:2px 8px'>{html.escape(c)}</th>" for c in self.columns)
-        body, group = [], ""
-        for r, hi, g in zip(self.rows, self.highlight, self.groups):
-            if g and g != group:
-                body.append(f"<tr><td colspan='{len(self.columns)}' style='padding:8px 8px 2px;font-weight:bold'>"
-                            f"{html.escape(g)}</td></tr>")
-                group = g
-            style = " style='background:#fbeaea'" if hi else ""
-            body.append(f"<tr{style}>" + "".join(self._cell(i, c) for i, c in enumerate(r)) + "</tr>")
-        cap = f"<caption style='caption-side:bottom;font-size:80%;color:#555'>{html.escape(self.caption)}</caption>"
-        table = (f"<table style='font-size:90%'>{cap if self.caption else ''}<thead><tr>{head}</tr></thead>"
-                 f"<tbody>{''.join(body)}</tbody></table>")
-        if self.summary:
-            return f"<details><summary>{html.escape(self.summary)}</summary>{table}</details>"
-        return table
 
 
 # ----------------------------------------------------------------- run-ahead
@@ -132,7 +70,7 @@ def plot_run_ahead(result: Result) -> Figure:
     return stamp(fig, result)
 
 
-def run_ahead_table(result: Result) -> HtmlTable:
+def run_ahead_table(result: Result) -> Table:
     """Measured end times of the three run-ahead variants next to the queue model's (ms)."""
     from .model import predicted_run_ahead_ms
 
@@ -143,7 +81,7 @@ def run_ahead_table(result: Result) -> HtmlTable:
         v = d["variants"][name]
         rows.append([VARIANT_LABELS[name], f"{v['end_ms']:.1f}", f"{model[name]:.1f}", f"{v['gpu_idle_ms']:.1f}",
                      f"{v['host_blocked_ms']:.1f}"])
-    return HtmlTable(["variant", "GPU done at (ms)", "queue model (ms)", "GPU idle (ms)", "host waited (ms)"],
+    return Table(["variant", "GPU done at (ms)", "queue model (ms)", "GPU idle (ms)", "host waited (ms)"],
                      rows, caption=result.caption())
 
 
@@ -199,7 +137,7 @@ def plot_catalogue(result: Result) -> Figure:
     return stamp(fig, result)
 
 
-def catalogue_table(result: Result) -> HtmlTable:
+def catalogue_table(result: Result) -> Table:
     """The catalogue as a table, folded: one row per operation under its group, the
     measured columns and the mechanism."""
     d = result.data
@@ -213,7 +151,7 @@ def catalogue_table(result: Result) -> HtmlTable:
         hi.append(bool(r["syncs"]))
         groups.append(r["group"])
     cols = ["operation", "debug mode", "detector", "host wait (ms)", "CUDA graph", "why"]
-    return HtmlTable(cols, rows, highlight=hi, groups=groups, code_columns=(0,),
+    return Table(cols, rows, highlight=hi, groups=groups, code_columns=(0,),
                      caption=(f"{result.caption()}. Host wait: median, with {d['work_ms']:g} ms of GPU work queued "
                               "first. Shaded rows made the host wait or were reported."),
                      summary=f"The catalogue as a table: {len(rows)} operations and why each does or does not sync")
@@ -307,7 +245,7 @@ def plot_case_study(result: Result) -> Figure:
     return stamp(fig, result)
 
 
-def case_study_table(result: Result) -> HtmlTable:
+def case_study_table(result: Result) -> Table:
     """Host and GPU time of each phase of the step (ms), the measured step times and the
     queue model's. Recordings made before the phases were recorded give the totals only."""
     from .case import predicted_step_ms
@@ -327,7 +265,7 @@ def case_study_table(result: Result) -> HtmlTable:
         v = d["variants"][name]
         predicted = f", model {model[name]:.2f}" if model else ""
         rows.append([f"time per step, {CASE_LABELS[name]}", "", f"measured {v['step_ms']['median']:.2f}{predicted}"])
-    return HtmlTable(["phase", "host (ms)", "GPU (ms)"], rows,
+    return Table(["phase", "host (ms)", "GPU (ms)"], rows,
                      caption=(f"{result.caption()}. Host: sync-free step, GPU drained first. GPU: the phase's "
                               "kernels queued behind other work, so that launches cost nothing."))
 
@@ -394,7 +332,7 @@ def plot_blind_spots(result: Result) -> Figure:
     return stamp(fig, result)
 
 
-def blind_spot_table(result: Result) -> HtmlTable:
+def blind_spot_table(result: Result) -> Table:
     """The blind-spot cases as a table: what each detector reported, and the real wait."""
     d = result.data
     rows, hi = [], []
@@ -403,6 +341,6 @@ def blind_spot_table(result: Result) -> HtmlTable:
         rows.append([c["label"], c["debug_mode_syncs"], c["detector_syncs"], ", ".join(c["detector_kinds"]) or "-",
                      f"{waited:.2f}"])
         hi.append(c["debug_mode_syncs"] == 0 and waited >= 0.5 * d["work_ms"])
-    return HtmlTable(["case", "debug mode", "detector", "detector's kinds", f"host waits (ms of {d['work_ms']:g})"],
+    return Table(["case", "debug mode", "detector", "detector's kinds", f"host waits (ms of {d['work_ms']:g})"],
                      rows, caption=f"{result.caption()}. Shaded: the host waited and the debug mode said nothing.",
                      highlight=hi)
