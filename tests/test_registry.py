@@ -173,3 +173,26 @@ def test_messages_suggest_near_misses_and_read_well():
         registry.get("core.sleep_clok")
     with pytest.raises(ValueError, match=r"\[1, 536,870,912\] B"):
         Param("size_bytes", 1024, min=1, max=2**29, unit="B").validate(-1)
+
+
+def _out_of_range(p):
+    """A value the parameter's own rules reject: outside the choices, below min or above max."""
+    if p.choices is not None:
+        return "not-a-choice" if all(isinstance(c, str) for c in p.choices) else -12345
+    if p.kind == "bool":
+        return "yes"
+    if p.min is not None:
+        return p.min - 1
+    return p.max + 1
+
+
+@pytest.mark.parametrize("exp", [e for e in registry.all_experiments() if e.params], ids=lambda e: e.id)
+def test_direct_calls_validate_like_run(exp):
+    import sys
+
+    func = getattr(sys.modules[exp.func.__module__], exp.func.__name__)
+    p = next(q for q in exp.params if q.choices is not None or q.min is not None or q.max is not None or q.kind == "bool")
+    with pytest.raises(ValueError, match=p.name):
+        func(**{p.name: _out_of_range(p)})
+    with pytest.raises(ValueError, match="has no parameter 'nonsense'"):
+        func(nonsense=1)

@@ -156,7 +156,7 @@ streams.plot_strategies(race)
 # should read *k*):
 
 # %% tags=["hide-output"]
-print(streams.strategies_table(race))
+streams.strategies_table(race)
 
 # %% [markdown]
 # Without protection, the first consumer is still computing when the producer has
@@ -308,7 +308,7 @@ sweep = ex.run("streams.runahead")
 streams.plot_runahead(sweep)
 
 # %% tags=["hide-output"]
-print(streams.runahead_table(sweep))
+streams.runahead_table(sweep)
 
 # %% [markdown]
 # With `record_stream`, blocks pile up as soon as the GPU needs longer per layer than
@@ -386,7 +386,7 @@ capped = ex.run("streams.memory_cap")
 streams.plot_memory_cap(capped)
 
 # %%
-print(streams.memory_cap_table(capped))
+streams.memory_cap_table(capped)
 
 # %% [markdown]
 # ```{exercise} Where does the stall come from?

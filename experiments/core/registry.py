@@ -9,6 +9,8 @@ recorded on the lab GPU, with that run's provenance. Both return a :class:`Resul
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import html
 import itertools
 import math
@@ -184,7 +186,10 @@ def experiment(
             default point is always recorded, so pages can render it without a GPU.
         data_schema: JSON schema of the returned data, checked on record and on load.
 
-    The function takes the parameters as keywords and returns a JSON-able dict.
+    The function takes the parameters as keywords and returns a JSON-able dict. The
+    decorator returns it wrapped so that direct calls validate their arguments through
+    :meth:`Experiment.complete`, like :func:`run` (a ValueError naming the parameter and
+    its range).
     """
     def decorate(func: Callable[..., Mapping[str, Any]]) -> Callable[..., Mapping[str, Any]]:
         if id in _REGISTRY and _REGISTRY[id].func.__qualname__ != func.__qualname__:
@@ -200,8 +205,22 @@ def experiment(
         for pt in points:
             exp.complete(pt)  # a grid point outside a parameter's range is a bug in the module
         _REGISTRY[id] = exp
-        func.experiment = exp  # type: ignore[attr-defined]
-        return func
+        names = list(inspect.signature(func).parameters)
+
+        @functools.wraps(func)
+        def validated(*args: Any, **kwargs: Any) -> Mapping[str, Any]:
+            # A direct call (al.anatomy(size_bytes=-1)) checks its parameters with the same
+            # ranges, and the same messages, as ex.run does.
+            if len(args) > len(names):
+                raise ValueError(f"{id} takes at most {len(names)} parameters ({names}), got {len(args)}")
+            given = dict(zip(names, args))
+            twice = sorted(set(given) & set(kwargs))
+            if twice:
+                raise ValueError(f"{id}: parameter {twice[0]!r} given twice")
+            return func(**exp.complete({**given, **kwargs}))
+
+        validated.experiment = exp  # type: ignore[attr-defined]
+        return validated
 
     return decorate
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from ..core.claims import claim
 from ..core.units import mib_figure
@@ -24,7 +24,9 @@ from ..core.device import check_fits
 from ..core.registry import Param, experiment
 from ..core.runner import run_fresh
 from ..core.units import MiB
-from .workloads import STRATEGIES, block_ids, buffer_numel, max_live_buffers, overlap_ms, run_pipeline, warm_up
+from .workloads import (
+    STRATEGIES, block_ids, buffer_numel, max_live_buffers, overlap_ms, run_pipeline, warm_up,
+)
 
 
 POST_URL = "https://docs.pytorch.org/devlogs/eager/2026-09-29-cross-stream-memory-without-record-stream/"
@@ -36,11 +38,6 @@ RUNAHEAD_POINTS: tuple[tuple[float, float], ...] = (
 )
 #: Room for small scratch allocations above whole buffers when bounding the event handoff.
 SLACK_BYTES = 1 * MiB
-
-
-def _validated(func: Callable, **params: Any) -> dict[str, Any]:
-    """Check parameters with the experiment's own ranges, also for direct calls."""
-    return func.experiment.complete(params)  # type: ignore[attr-defined]
 
 
 def _size_check(strategy_or_all: str, layers: int, buffer_mib: int, in_flight: int) -> None:
@@ -110,22 +107,20 @@ def strategies(layers: int = 4, buffer_mib: int = 64, producer_ms: float = 0.5, 
     Raises:
         ValueError: a parameter out of range, or layers × buffer_mib beyond the GPU.
     """
-    p = _validated(strategies, layers=layers, buffer_mib=buffer_mib, producer_ms=producer_ms,
-                   consumer_ms=consumer_ms, in_flight=in_flight, trials=trials)
-    _size_check("all", p["layers"], p["buffer_mib"], p["in_flight"])
+    _size_check("all", layers, buffer_mib, in_flight)
     warm_up()
     runs: dict[str, list[dict[str, Any]]] = {s: [] for s in STRATEGIES}
-    for _ in range(p["trials"]):
+    for _ in range(trials):
         for s in STRATEGIES:  # interleaved, so slow drift hits every strategy alike
-            runs[s].append(run_pipeline(s, layers=p["layers"], buffer_mib=p["buffer_mib"],
-                                        producer_ms=p["producer_ms"], consumer_ms=p["consumer_ms"],
-                                        in_flight=p["in_flight"], instrument=True))
+            runs[s].append(run_pipeline(s, layers=layers, buffer_mib=buffer_mib,
+                                        producer_ms=producer_ms, consumer_ms=consumer_ms,
+                                        in_flight=in_flight, instrument=True))
     return {
         "strategies": list(STRATEGIES),
-        "buffer_bytes": buffer_numel(p["buffer_mib"]) * 4,
-        "layers": p["layers"],
-        "in_flight": p["in_flight"],
-        "serial_ms": p["layers"] * (p["producer_ms"] + p["consumer_ms"]),
+        "buffer_bytes": buffer_numel(buffer_mib) * 4,
+        "layers": layers,
+        "in_flight": in_flight,
+        "serial_ms": layers * (producer_ms + consumer_ms),
         "results": {s: _summarise(rs) for s, rs in runs.items()},
     }
 
@@ -190,16 +185,14 @@ def pipeline(strategy: str = "record_stream", layers: int = 32, buffer_mib: int 
     Raises:
         ValueError: a parameter out of range, or more live buffers than the GPU holds.
     """
-    p = _validated(pipeline, strategy=strategy, layers=layers, buffer_mib=buffer_mib, consumer_ms=consumer_ms,
-                   host_delay_ms=host_delay_ms, in_flight=in_flight, producer_ms=producer_ms)
-    _size_check(p["strategy"], p["layers"], p["buffer_mib"], p["in_flight"])
+    _size_check(strategy, layers, buffer_mib, in_flight)
     warm_up()
-    r = run_pipeline(p["strategy"], layers=p["layers"], buffer_mib=p["buffer_mib"], producer_ms=p["producer_ms"],
-                     consumer_ms=p["consumer_ms"], host_delay_ms=p["host_delay_ms"], in_flight=p["in_flight"])
+    r = run_pipeline(strategy, layers=layers, buffer_mib=buffer_mib, producer_ms=producer_ms,
+                     consumer_ms=consumer_ms, host_delay_ms=host_delay_ms, in_flight=in_flight)
     m = r["memory"]
     return {
-        "strategy": p["strategy"], "layers": p["layers"], "buffer_bytes": buffer_numel(p["buffer_mib"]) * 4,
-        "in_flight": p["in_flight"], "distinct_blocks": len(set(r["ptrs"])),
+        "strategy": strategy, "layers": layers, "buffer_bytes": buffer_numel(buffer_mib) * 4,
+        "in_flight": in_flight, "distinct_blocks": len(set(r["ptrs"])),
         "corrupted_layers": r["corrupted_layers"], "read_mean": r["read_mean"],
         "peak_allocated_bytes": m.allocated_peak, "peak_active_bytes": m.active_peak,
         "peak_reserved_bytes": m.reserved_peak, "num_alloc_retries": m.num_alloc_retries,
@@ -243,26 +236,25 @@ def runahead(layers: int = 32, buffer_mib: int = 64, in_flight: int = 1, repeats
     Raises:
         ValueError: a parameter out of range, or layers × buffer_mib beyond the GPU.
     """
-    p = _validated(runahead, layers=layers, buffer_mib=buffer_mib, in_flight=in_flight, repeats=repeats)
-    _size_check("record_stream", p["layers"], p["buffer_mib"], p["in_flight"])
+    _size_check("record_stream", layers, buffer_mib, in_flight)
     warm_up()
     keys = ("peak_active_bytes", "peak_allocated_bytes", "peak_reserved_bytes", "distinct_blocks",
             "corrupted_layers", "span_ms", "host_loop_ms")
     raw: dict[str, list[list[dict[str, float]]]] = {s: [[] for _ in RUNAHEAD_POINTS]
                                                     for s in ("record_stream", "event")}
-    for _ in range(p["repeats"]):
+    for _ in range(repeats):
         for k, (c, h) in enumerate(RUNAHEAD_POINTS):
             for s in raw:
-                r = run_pipeline(s, layers=p["layers"], buffer_mib=p["buffer_mib"], consumer_ms=c,
-                                 host_delay_ms=h, in_flight=p["in_flight"])
+                r = run_pipeline(s, layers=layers, buffer_mib=buffer_mib, consumer_ms=c,
+                                 host_delay_ms=h, in_flight=in_flight)
                 m = r["memory"]
                 raw[s][k].append({"peak_active_bytes": m.active_peak, "peak_allocated_bytes": m.allocated_peak,
                                   "peak_reserved_bytes": m.reserved_peak, "distinct_blocks": len(set(r["ptrs"])),
                                   "corrupted_layers": r["corrupted_layers"], "span_ms": r["span_ms"],
                                   "host_loop_ms": r["host_loop_ms"]})
     out: dict[str, Any] = {
-        "layers": p["layers"], "buffer_bytes": buffer_numel(p["buffer_mib"]) * 4, "in_flight": p["in_flight"],
-        "repeats": p["repeats"],
+        "layers": layers, "buffer_bytes": buffer_numel(buffer_mib) * 4, "in_flight": in_flight,
+        "repeats": repeats,
         "points": [{"consumer_ms": c, "host_delay_ms": h, "runahead_ms": c - h} for c, h in RUNAHEAD_POINTS],
     }
     for s, per_point in raw.items():
@@ -328,16 +320,14 @@ def memory_cap(layers: int = 48, buffer_mib: int = 64, cap_mib: int = 1024, cons
             cannot show the effect (:func:`validate_cap`).
         FreshProcessError: the fresh process failed (its message and stderr included).
     """
-    p = _validated(memory_cap, layers=layers, buffer_mib=buffer_mib, cap_mib=cap_mib, consumer_ms=consumer_ms,
-                   in_flight=in_flight)
-    validate_cap(p["layers"], p["buffer_mib"], p["cap_mib"], p["in_flight"])
-    check_fits("cap_mib", p["cap_mib"] * MiB)
+    validate_cap(layers, buffer_mib, cap_mib, in_flight)
+    check_fits("cap_mib", cap_mib * MiB)
     res = run_fresh("experiments.streams.measurements:_cap_worker",
-                    {"layers": p["layers"], "buffer_mib": p["buffer_mib"], "consumer_ms": p["consumer_ms"],
-                     "in_flight": p["in_flight"]},
-                    memory_cap_mib=p["cap_mib"], timeout_s=240)
+                    {"layers": layers, "buffer_mib": buffer_mib, "consumer_ms": consumer_ms,
+                     "in_flight": in_flight},
+                    memory_cap_mib=cap_mib, timeout_s=240)
     value = res.unwrap()
-    return {"cap_mib": p["cap_mib"], "layers": p["layers"], "buffer_bytes": buffer_numel(p["buffer_mib"]) * 4,
+    return {"cap_mib": cap_mib, "layers": layers, "buffer_bytes": buffer_numel(buffer_mib) * 4,
             "strategies": value}
 
 
@@ -403,14 +393,12 @@ def timeline(strategy: str = "unprotected", layers: int = 4, buffer_mib: int = 6
     Raises:
         ValueError: a parameter out of range.
     """
-    p = _validated(timeline, strategy=strategy, layers=layers, buffer_mib=buffer_mib, producer_ms=producer_ms,
-                   consumer_ms=consumer_ms, in_flight=in_flight)
-    _size_check(p["strategy"], p["layers"], p["buffer_mib"], p["in_flight"])
+    _size_check(strategy, layers, buffer_mib, in_flight)
     warm_up()
-    r = run_pipeline(p["strategy"], layers=p["layers"], buffer_mib=p["buffer_mib"], producer_ms=p["producer_ms"],
-                     consumer_ms=p["consumer_ms"], in_flight=p["in_flight"], instrument=True)
+    r = run_pipeline(strategy, layers=layers, buffer_mib=buffer_mib, producer_ms=producer_ms,
+                     consumer_ms=consumer_ms, in_flight=in_flight, instrument=True)
     return {
-        "strategy": p["strategy"], "layers": p["layers"], "span_ms": r["span_ms"],
+        "strategy": strategy, "layers": layers, "span_ms": r["span_ms"],
         "producer": [list(iv) for iv in r["producer"]], "consumer": [list(iv) for iv in r["consumer"]],
         "host": [list(iv) for iv in r["host"]], "del_ms": r["del_ms"], "block": block_ids(r["ptrs"]),
         "read_mean": r["read_mean"], "corrupted_layers": r["corrupted_layers"], "distinct_blocks": len(set(r["ptrs"])),

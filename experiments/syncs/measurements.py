@@ -21,7 +21,6 @@ from typing import Any, Mapping
 
 import torch
 
-from ..core import claims as _claims
 from ..core.claims import claim
 from ..core.device import check_fits, has_cuda
 from ..core.measure import STATS_SCHEMA, gpu_sleep, host_spin, time_host
@@ -41,14 +40,6 @@ _INTERVAL = {
     "required": ["start_ms", "end_ms"],
     "properties": {"start_ms": {"type": "number"}, "end_ms": {"type": "number"}},
 }
-
-def _validated(exp_id: str, **params: Any) -> dict[str, Any]:
-    """The parameters checked against the experiment's ranges, for direct calls of the
-    functions below (``ex.run`` checks them already). Raises ValueError naming the parameter."""
-    from ..core.registry import get
-
-    return get(exp_id).complete(params)
-
 
 # ----------------------------------------------------------------- run-ahead
 
@@ -141,7 +132,6 @@ def run_ahead(host_ms: float = 1.0, gpu_ms: float = 2.0) -> dict[str, Any]:
     kernel's start and the last one's end), ``host_blocked_ms`` (time inside
     ``.item()``), ``align_uncertainty_ms`` (bound on the host/GPU clock offset).
     """
-    _validated("syncs.run_ahead", host_ms=host_ms, gpu_ms=gpu_ms)
     gpu_sleep(gpu_ms)  # calibrates the sleep kernel before anything is timed
     torch.cuda.synchronize()
     # One unrecorded pass first: the first launch of a kernel in a process can take
@@ -188,7 +178,6 @@ def catalogue(numel: int = 4096, work_ms: float = 20.0) -> dict[str, Any]:
     (CUDA-graph capture on a side stream, probed in a fresh process with
     ``capture_numel`` elements; None if it could not be probed).
     """
-    _validated("syncs.catalogue", numel=numel, work_ms=work_ms)
     check_fits("numel", 8 * numel * 4)
     captures = capture_probe(numel=CAPTURE_NUMEL)
     gpu_sleep(work_ms)
@@ -230,7 +219,6 @@ def queue_probe(op: str = "item", numel: int = 4096) -> dict[str, Any]:
     (``queued_ms``: 0, 5 and 10 ms), and the fitted ``slope`` of blocked time against
     queued time: about 1 for an operation that waits for the queue, about 0 otherwise.
     """
-    _validated("syncs.queue_probe", op=op, numel=numel)
     spec = get_op(op)
     check_fits("numel", 8 * numel * 4)
     gpu_sleep(1.0)
@@ -275,7 +263,6 @@ def pageable_threshold(work_ms: float = 30.0) -> dict[str, Any]:
     work (None if none did); ``largest_staged_bytes`` the largest size below it that did
     not.
     """
-    _validated("syncs.pageable_threshold", work_ms=work_ms)
     sizes = [k * 1024 for k in COPY_SIZES_KIB]
     largest = sizes[-1]
     check_fits("copy buffer", largest)
@@ -352,8 +339,7 @@ def case_study(balance: float = 1.0, steps: int = 40) -> dict[str, Any]:
     step), ``sync_report`` and a three-step ``timeline``; and ``speedup`` (hidden /
     sync-free).
     """
-    p = _validated("syncs.case_study", balance=balance, steps=steps)
-    return run_case_study(p["balance"], p["steps"])
+    return run_case_study(balance, steps)
 
 
 # ----------------------------------------------------------------- blind spots
