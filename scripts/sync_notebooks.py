@@ -25,12 +25,16 @@ OUT = ROOT / "book"
 SETUP = '''\
 # Set-up. In Colab (or anywhere the helper package is missing) this installs it from
 # the book's repository; its torch requirement is only a lower bound (>=2.4), so the
-# torch that Colab ships stays as it is.
+# torch that Colab ships stays as it is. The check asks for our distribution by name:
+# another package called `experiments` exists on PyPI.
+import importlib.metadata
 try:
-    import experiments
-except ImportError:
-    %pip install --quiet "cuda-memory-lab @ git+{url}"
-    import experiments'''
+    importlib.metadata.version("{dist}")
+except importlib.metadata.PackageNotFoundError:
+    %pip install --quiet "{dist} @ git+{url}"
+import experiments'''
+
+DIST = "cuda-memory-lab"  # [project] name in pyproject.toml
 
 
 def repo_url() -> str:
@@ -45,7 +49,7 @@ def build(src: Path, url: str) -> nbformat.NotebookNode:
     nb = jupytext.read(src)
     if not nb.cells or nb.cells[0].cell_type != "markdown" or not nb.cells[0].source.startswith("# "):
         raise SystemExit(f"{src}: the first cell must be a markdown title ('# ...')")
-    setup = nbformat.v4.new_code_cell(SETUP.format(url=url + ".git" if not url.endswith(".git") else url))
+    setup = nbformat.v4.new_code_cell(SETUP.format(dist=DIST, url=url + ".git" if not url.endswith(".git") else url))
     setup.metadata["tags"] = ["hide-input", "colab-setup"]
     nb.cells.insert(1, setup)
     for i, cell in enumerate(nb.cells):

@@ -113,3 +113,15 @@ def test_every_exercise_has_a_check_then_a_solution(src):
         assert exercise < check < solution, f"{label}: the solution should come after the check cell"
         after = text[text.index(f"{{solution}} {label}"):].splitlines()[1]
         assert after.strip("# ") == ":class: dropdown", f"{label}: the solution should be a dropdown"
+
+
+def test_colab_setup_looks_for_our_distribution_not_any_experiments_module():
+    """A PyPI package also called `experiments` must not pass for ours (the layout issue)."""
+    import tomllib
+
+    dist = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["name"]
+    for path in sorted((ROOT / "book").glob("*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        setup = next(c for c in nb.cells if "colab-setup" in c.metadata.get("tags", []))
+        assert f'importlib.metadata.version("{dist}")' in setup.source, path.name
+        assert "except ImportError" not in setup.source, f"{path.name}: `import experiments` alone proves nothing"
