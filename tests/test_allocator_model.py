@@ -216,7 +216,10 @@ def test_max_split_size_keeps_large_cached_blocks_whole():
 
 
 def test_garbage_collection_releases_every_block_of_average_age():
-    cap = int(0.02 * 150109880320)  # the lab's fraction 0.02 of the H200
+    from experiments.core import store
+
+    h200 = store.load("alloc.knobs", "nvidia-h200").provenance.total_memory_bytes
+    cap = int(0.02 * h200)  # the lab's fraction 0.02 of the H200 (allocator-rules.md §I.2)
     ops = allocs(57, 30 * MiB) + frees(57) + [("alloc", "big", 40 * MiB)]
     r = reserved_mib(ops, {"garbage_collection_threshold": 0.5}, cap)
     assert r[56] == 1710 and r[-1] == 40
