@@ -301,28 +301,6 @@ def test_every_grid_fits_the_time_budget_shape():
                      "alloc.graph_pools": 2, "alloc.pool_boundary": 2, "alloc.knobs": 1}
 
 
-def record_chapter(fresh):
-    """What `python -m experiments record --chapter 1` runs: every grid point, in order."""
-    out = {}
-    for exp in registry.all_experiments(1):
-        out[exp.id] = [validated(exp.id, exp.func(**pt)) for pt in exp.grid]
-    return out
-
-
-def test_recording_the_chapter_takes_five_fresh_processes(fake_gpu):
-    """The time budget: a fresh process costs 3-5 s on the lab GPU, so the chapter uses one per
-    allocator setting (default, expandable, and one per knob), not one per grid point (nor per memory cap)."""
-    recorded = record_chapter(fake_gpu)
-    caps = [(d["cap_mib"], d["cap_bytes"]) for d in recorded["alloc.fragmentation_oom"]]
-    assert caps == [(pt["cap_mib"], pt["cap_mib"] * MiB) for pt in registry.get("alloc.fragmentation_oom").grid]
-    targets = [(target, str(settings or ""), cap) for target, settings, cap in fake_gpu.calls]
-    assert sorted(targets) == sorted([
-        ("shared_worker", "", None), ("shared_worker", "{'expandable_segments': True}", None),
-        ("sequences_worker", "{'max_split_size_mb': 64}", 384), ("sequences_worker", "{'roundup_power2_divisions': 4}", 384),
-        ("sequences_worker", "{'garbage_collection_threshold': 0.5}", 384)]), targets
-    assert not alloc_fresh._kept, "every result a shared process measured was used"
-
-
 def test_a_shared_result_is_handed_out_once_and_not_for_long(fake_gpu, monkeypatch):
     allocator.timeline(small_mib=16, expandable=False)
     assert len(fake_gpu.calls) == 1 and ("default", "pool_boundary") in alloc_fresh._kept
@@ -357,40 +335,6 @@ def test_a_failed_job_fails_only_its_experiment(fake_gpu):
         allocator.graph_pools(expandable=False)
     assert allocator.timeline(small_mib=8)["orders"]["small_first"]["reserved_bytes"][-1] == 0
     assert len(fake_gpu.calls) == 1
-
-
-def test_shared_worker_orders_jobs_sets_caps_and_keeps_failures_as_data(monkeypatch):
-    """The fresh-process side, with its GPU calls replaced: sequence jobs without a cap first, then capped
-    ones, then the graph captures with the cap lifted; a failing job is reported, the rest still run."""
-    import torch
-
-    events = []
-    monkeypatch.setattr(allocator_gpu, "require_cuda", lambda *a, **k: None)
-    monkeypatch.setattr(torch.cuda, "init", lambda: None)
-    monkeypatch.setattr(allocator_gpu, "_settle_fresh_process", lambda: None)
-    monkeypatch.setattr(allocator_gpu, "_release", lambda: events.append("release"))
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: type("P", (), {"total_memory": 1024 * MiB}))
-    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f: events.append(("cap", f)))
-
-    def sequences(seqs):
-        if "boom" in seqs:
-            raise RuntimeError("CUDA error: an illegal memory access")
-        events.append(("sequences", sorted(seqs)))
-        return {n: "measured" for n in seqs}
-
-    monkeypatch.setattr(allocator_gpu, "sequences_worker", sequences)
-    monkeypatch.setattr(allocator_gpu, "graph_pools_worker", lambda **kw: events.append(("graphs", kw)) or "graphs")
-    out = allocator_gpu.shared_worker({
-        "graph_pools": {"graph_pools": {"hidden": 64}},
-        "capped": {"sequences": {"c": []}, "cap_mib": 256},
-        "broken": {"sequences": {"boom": []}, "cap_mib": 256},
-        "plain": {"sequences": {"p": []}},
-    })
-    assert events == [("sequences", ["p"]), ("cap", 0.25), ("sequences", ["c"]), ("cap", 0.25), "release",
-                      ("cap", 1.0), ("graphs", {"hidden": 64})]
-    assert out["plain"] == {"ok": True, "value": {"p": "measured"}} and out["graph_pools"]["value"] == "graphs"
-    assert out["broken"] == {"ok": False, "error": "RuntimeError: CUDA error: an illegal memory access"}
 
 
 def test_request_table_data_and_claim(fake_gpu):
