@@ -42,8 +42,15 @@ book-student: notebooks
 	@echo "The student book is at file://$(CURDIR)/_build/student/_build/html/index.html"
 	@echo "Notebooks without solutions, to hand out: $(CURDIR)/_build/student/notebooks"
 
+# The book build is the one execution of the notebooks (a cell error fails it); the tests then
+# read its pages and executed notebooks (tests/conftest.py: built_book), so nothing runs twice.
+# The fast loop while developing skips the build and the slow tests:
+#   .venv/bin/python -m pytest -m "not slow"
+TEST_BOOK := _build/test
 test: install
-	$(PY) -m pytest
+	rm -rf $(TEST_BOOK)
+	CUDA_MEMLAB_MODE=recorded $(BIN)/jupyter-book build . --path-output $(TEST_BOOK) --warningiserror --keep-going
+	CUDA_MEMLAB_BOOK_BUILD=$(CURDIR)/$(TEST_BOOK) $(PY) -m pytest
 
 # On a GPU: the GPU-marked tests only.
 test-gpu: install

@@ -1,7 +1,5 @@
 """The book builds with warnings as errors, and its pages show recorded results with provenance."""
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -10,13 +8,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    out = tmp_path_factory.mktemp("book")
-    jb = Path(sys.executable).parent / "jupyter-book"
-    r = subprocess.run([str(jb), "build", str(ROOT), "--path-output", str(out), "--warningiserror", "--keep-going"],
-                       capture_output=True, text=True, env={**__import__("os").environ, "CUDA_MEMLAB_MODE": "recorded"})
-    assert r.returncode == 0, r.stdout[-5000:] + r.stderr[-5000:]
-    return out / "_build" / "html"
+def built(built_book):
+    """The book's HTML pages, from the run's one build (conftest.built_book)."""
+    return built_book / "html"
 
 
 @pytest.mark.slow
