@@ -82,6 +82,7 @@ def test_allocator_model_follows_each_timeline_step_by_step():
         for order, o in d["orders"].items():
             model = al.simulate(al.timeline_ops(order, params["small_mib"]), config(params["expandable"]))
             where = (params, order)
+            assert o["expandable_in_effect"] is params["expandable"], where   # the setting took
             assert model["labels"] == o["labels"], where   # the GPU ran this very workload
             assert model["reserved_bytes"] == o["reserved_bytes"], where
             assert model["allocated_bytes"] == o["allocated_bytes"], where
@@ -93,6 +94,7 @@ def test_allocator_model_fails_each_fragmentation_pattern_where_the_gpu_failed()
         assert d["cap_bytes"] == params["cap_mib"] * MiB
         for name, p in d["patterns"].items():
             where = (params, name)
+            assert p["expandable_in_effect"] is params["expandable"], where
             model = al.simulate(al.oom_ops(name), config(params["expandable"]), cap_bytes=d["cap_bytes"])
             assert model["reserved_bytes"] == p["reserved_bytes"], where
             assert model["allocated_bytes"] == p["allocated_bytes"], where
@@ -112,6 +114,7 @@ def test_allocator_model_keeps_the_pools_apart_as_the_gpu_did():
     seqs = al.boundary_sequences()
     for params, d in points("alloc.pool_boundary"):
         cfg = config(params["expandable"])
+        assert d["expandable_in_effect"] is params["expandable"], params
         sw = d["sweep"]
         assert sw["sizes_bytes"] == list(al.BOUNDARY_SIZES), "re-record alloc.pool_boundary"
         for n, first, reserved, segments in zip(sw["sizes_bytes"], sw["first_reserved_bytes"], sw["reserved_bytes"],
@@ -148,6 +151,7 @@ def test_allocator_model_fills_the_graph_pool_capture_by_capture_as_the_gpu_did(
     memory around it also counts what lies outside the pool (cuBLAS's workspace, the
     graphs' own bookkeeping): one constant amount, at most 4 MiB, never growing."""
     for params, d in points("alloc.graph_pools"):
+        assert d["expandable_in_effect"] is params["expandable"], params
         variants = {"no_grad": (False, d), "autograd": (True, d["autograd"])}
         for variant, (autograd, orders) in variants.items():
             for order in al.GRAPH_ORDERS:
