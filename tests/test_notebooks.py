@@ -1,6 +1,7 @@
 """The book's notebooks: generated from their sources, set up for Colab, and executing cleanly."""
 import json
 import os
+import re
 from pathlib import Path
 
 import nbformat
@@ -19,6 +20,21 @@ def _toc_files():
     for part in toc.get("parts", []):
         files += [c["file"] for c in part["chapters"]]
     return files
+
+
+def test_the_book_and_its_sources_are_found():
+    """The tests below are parametrised over these globs: an empty one must fail, not skip."""
+    chapters = {p.stem for p in BOOK.glob("ch*.ipynb")}
+    assert len(chapters) >= 4 and chapters <= {p.stem for p in NOTEBOOKS}
+    assert {p.stem for p in (BOOK / "src").glob("ch*.py")} == chapters
+
+
+def test_american_spelling_of_synchronize():
+    """The book's pages, the package and the tests write 'synchronize' (as torch does)."""
+    files = [*(BOOK / "src").glob("*.py"), *(ROOT / "experiments").rglob("*.py"), *(ROOT / "tests").glob("*.py")]
+    assert len(files) > 40, "the globs found too few files"
+    british = [str(p.relative_to(ROOT)) for p in files if re.search(r"synchroni[s]", p.read_text(), re.I)]
+    assert not british, british
 
 
 def test_notebooks_are_generated_from_their_sources():

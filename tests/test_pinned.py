@@ -693,12 +693,6 @@ def test_outputs_that_answer_an_exercise_are_folded():
     assert not any("pinned.check_" in h for h in hidden), "the check's own feedback stays visible"
 
 
-def test_american_spelling_of_synchronize():
-    for path in ("book/src/ch3_pinned_memory.py", "experiments/pinned*.py", "tests/test_pinned.py"):
-        for p in ROOT.glob(path):
-            assert not re.search(r"synchroni[s]", p.read_text(), re.I), p
-
-
 # ================================================================ the lab's recordings (experiments/recorded/pinned.*)
 
 @pytest.fixture

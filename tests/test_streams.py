@@ -8,7 +8,6 @@ tests of a predicate's failing side change a copy of them. No test writes a reco
 from __future__ import annotations
 
 import copy
-import re
 from pathlib import Path
 
 import pytest
@@ -470,12 +469,6 @@ def test_outputs_that_answer_an_exercise_are_folded():
                    "streams.plot_counters(sweep)"):
         assert any(source in h for h in hidden), f"no hide-output tag on the cell with {source!r}"
     assert not any("streams.check_" in h for h in hidden), "the check's own feedback stays visible"
-
-
-def test_american_spelling_of_synchronize():
-    for path in ("book/src/ch2_cross_stream.py", "experiments/streams*.py", "tests/test_streams.py"):
-        for p in ROOT.glob(path):
-            assert not re.search(r"synchroni[s]", p.read_text(), re.I), p
 
 
 # ================================================================ checks and panels on the lab's recordings

@@ -21,6 +21,7 @@ def test_strip_solutions_keeps_exercises_and_nested_code():
 
 def test_student_notebooks_have_every_exercise_and_no_solution(tmp_path):
     written = student_edition.write_notebooks(tmp_path)
+    assert written, "no notebook written"
     assert {p.name for p in written} == {p.name for p in (ROOT / "book").glob("*.ipynb")}
     for path in written:
         original = nbformat.read(ROOT / "book" / path.name, as_version=4)

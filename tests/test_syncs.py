@@ -788,13 +788,6 @@ def test_outputs_that_answer_an_exercise_are_folded():
     assert not any("syncs.check_" in h for h in hidden), "the check's own feedback stays visible"
 
 
-def test_american_spelling_of_synchronize():
-    for path in ("book/src/ch4_hidden_syncs.py", "experiments/syncs*.py", "experiments/sync_detector.py",
-                 "tests/test_syncs.py", "tests/test_sync_detector.py"):
-        for p in ROOT.glob(path):
-            assert not re.search(r"synchroni[s]", p.read_text(), re.I), p
-
-
 # ================================================================ live on the GPU
 
 @pytest.mark.gpu

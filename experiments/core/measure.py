@@ -259,7 +259,7 @@ def track_memory(*, synchronize: bool = True) -> Iterator[MemoryWindow]:
 
 
 def reset_allocator() -> None:
-    """Synchronise, return cached blocks to the driver and reset peaks (between variants)."""
+    """Synchronize, return cached blocks to the driver and reset peaks (between variants)."""
     require_cuda("resetting the allocator")
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
