@@ -569,8 +569,7 @@ def test_claims_table_from_the_lab_recording(lab):
     table = claims.claims_table(chapter=1)
     assert [r.id for r in table] == ["alloc.rounding", "alloc.fragmentation_oom", "alloc.order_matters",
                                      "alloc.expandable_order_free", "alloc.pool_boundary"]
-    assert all(r.holds is True for r in table), [(r.id, r.error, r.measured) for r in table if r.holds is not True]
-    assert all(r.source == allocator.POST_URL for r in table)
+    assert all(r.source == allocator.POST_URL for r in table)   # whether they hold: test_recording_acceptance
 
 
 # --------------------------------------------------------------------------- figures and tables, of the lab recording
