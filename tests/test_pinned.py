@@ -603,7 +603,7 @@ def test_owned_prediction_check_asks_once_for_what_is_missing():
 def test_overwrite_guard_check():
     assert pinned.check_overwrite_guard(None).correct is None
     assert pinned.check_overwrite_guard("c").correct is True
-    assert "twice" in pinned.check_overwrite_guard("b").message
+    assert "not the cheapest" in pinned.check_overwrite_guard("b").message
     assert pinned.check_overwrite_guard("d").correct is False
     assert pinned.check_overwrite_guard("z").correct is False
     assert pinned.check_overwrite_guard("C").correct is True

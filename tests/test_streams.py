@@ -231,7 +231,7 @@ def test_check_block_predictions():
     assert streams.check_block_predictions(off_by_one, r).correct is True
     wrong = {**right, "record_stream": 2, "unprotected": 4}
     fb = streams.check_block_predictions(wrong, r)
-    assert fb.correct is False and "polls its event" in fb.message and "straight back" in fb.message
+    assert fb.correct is False and "polls its event" in fb.message and "asks next on that stream" in fb.message
     assert streams.check_block_predictions({"unprotected": 1}, r).correct is False
     assert streams.check_block_predictions([1, 1, 4, 2], r).correct is False
     assert streams.check_block_predictions({**right, "stall": "1"}, r).correct is False
@@ -293,7 +293,8 @@ def test_allocation_stream_check_says_what_its_verdict_says():
     fb = streams.check_allocation_stream("d")
     assert fb.correct is False
     assert not fb.message.startswith(("Correct", "Right")) and "Not quite" in fb.message
-    assert "only copy_in" in fb.message.lower()
+    # it must not name the right option (copy_in alone) in a wrong answer's feedback
+    assert "more than needed" in fb.message and "only copy_in" not in fb.message.lower()
 
 
 def test_unanswered_messages_read_as_sentences():

@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..core.units import MiB
 from .model import AllocatorConfig, normalize_ops, simulate
-from ..core.checks import Feedback, check_choice, check_number, combine, unanswered
+from ..core.checks import Feedback, check_choice, check_number, combine, exercise, unanswered
 
 
 def _recorded_or_live(exp_id: str, **params: Any) -> Any:
@@ -51,6 +51,9 @@ def _phase2_reserved_mib(result: Any, small_mib: int) -> tuple[dict[str, float],
     return out, "the allocator model (no measurement available here)"
 
 
+@exercise("ex-alloc-predict-timeline", chapter=1, points=2, section="Allocated versus reserved",
+          objective="Predict the segment each request gets (20 MiB for 1-10 MiB requests, splitting of cached "
+                    "blocks) and so the reserved memory of an allocation sequence.")
 def check_timeline_prediction(small_first_mib: float | None, large_first_mib: float | None, *,
                               result: Any = None) -> Feedback:
     """Predict-then-run: reserved MiB at the end of phase 2 of ``alloc.timeline`` with
@@ -75,8 +78,8 @@ def check_timeline_prediction(small_first_mib: float | None, large_first_mib: fl
                (160, "Two 8 MiB tensors fit in one 20 MiB segment (the 12 MiB tail is split off and reused)."),
                (144, "A 16 MiB tensor fits in a freed 20 MiB segment: the block is split and a 4 MiB tail stays free, "
                      "so phase 2 needs no new segment."),
-               (64, "Phase 1 already reserved more than the tensors' 64 MiB: think about the segment size for "
-                    "8 MiB requests.")],
+               (64, "That is the tensors' own size; phase 1 already reserved more: think about the segment "
+                    "size for 8 MiB requests.")],
         explanation="Four 20 MiB segments hold the eight 8 MiB tensors; the four 16 MiB tensors then split them.")
     large = check_number(
         large_first_mib, expected["large_first"], name="reserved with the 16 MiB tensors first", unit="MiB",
@@ -87,8 +90,9 @@ def check_timeline_prediction(small_first_mib: float | None, large_first_mib: fl
                (144, "The 8 MiB tensors reuse the cached 16 MiB segments: each is split into two 8 MiB blocks.")],
         explanation="Four exact 16 MiB segments, each split into two 8 MiB blocks in phase 2.")
     fb = combine([small, large])
-    return Feedback(fb.correct, f"{fb.message} (Expected values from {source}.)",
-                    {"expected": expected, "answer": {"small_first": small_first_mib, "large_first": large_first_mib}})
+    return Feedback(fb.correct, f"{fb.message} (Compared with {source}.)",
+                    {**fb.details, "expected": expected,
+                     "answer": {"small_first": small_first_mib, "large_first": large_first_mib}})
 
 
 # ----------------------------------------------------------------------------- exercise: a formula for reserved memory
@@ -106,6 +110,9 @@ def _model_reserved_mib(k: int, s_mib: float, expandable: bool) -> float:
     return simulate(ops, AllocatorConfig(expandable_segments=expandable))["reserved_bytes"][-1] / MiB
 
 
+@exercise("ex-alloc-pages", chapter=1, points=3, section="Expandable segments",
+          objective="Explain why the order of allocations changes reserved memory and when expandable segments "
+                    "remove that dependence, as a formula for reserved memory.")
 def check_reserved_function(fn: Callable[[int, float], float] | None, *, expandable: bool = True) -> Feedback:
     """Check ``fn(k, s)``: reserved MiB after allocating k tensors of s MiB (1.5 ≤ s ≤ 60,
     1 ≤ k ≤ 10) into an empty allocator, against the model on 36 cases.
@@ -130,8 +137,8 @@ def check_reserved_function(fn: Callable[[int, float], float] | None, *, expanda
         if math.isclose(got, expected, abs_tol=1e-6):
             continue
         hint = _reserved_hint(k, s, got, expandable)
-        return Feedback(False, f"For k={k} tensors of s={s} MiB you return {got:g} MiB, the allocator reserves "
-                               f"{expected:g} MiB. {hint}", {"k": k, "s": s, "answer": got, "expected": expected})
+        return Feedback(False, f"For k={k} tensors of s={s} MiB you return {got:g} MiB, which is not what the "
+                               f"allocator reserves. {hint}", {"k": k, "s": s, "answer": got, "expected": expected})
     return Feedback(True, f"All {len(cases)} cases match the allocator's rules.", {"cases": len(cases)})
 
 
@@ -145,7 +152,7 @@ def _reserved_hint(k: int, s: float, got: float, expandable: bool) -> str:
             return "That is the memory the tensors use; pages are mapped whole, 20 MiB at a time."
         if near(20 * math.ceil(s / 20) * k):
             return ("Pages are not per tensor: all tensors of a pool share one growing segment, so the free end of "
-                    "the last page serves the next tensor. Round the running total up to 20 MiB.")
+                    "the last page serves the next tensor.")
         return "With expandable segments the tensors sit end to end in one range mapped in 20 MiB pages."
     if near(pages):
         return ("That is the expandable-segments answer. Without them each cudaMalloc is a separate segment, and a "
@@ -178,6 +185,8 @@ def _frag_cases() -> list[tuple[str, list[dict[str, Any]]]]:
     ]
 
 
+@exercise("ex-alloc-frag-index", chapter=1, points=3, section="From fragmentation to out-of-memory",
+          objective="Measure fragmentation from a memory snapshot: free memory that no single request can use.")
 def check_frag_index(fn: Callable[[list[dict[str, Any]]], float] | None) -> Feedback:
     """Check ``fn(segments)`` = 1 − largest free block / total free bytes (0 when nothing is
     free), over all segments, counting only blocks in state 'inactive'."""
@@ -206,7 +215,7 @@ def check_frag_index(fn: Callable[[list[dict[str, Any]]], float] | None) -> Feed
             hint = "Count only blocks whose state is 'inactive': 'active_pending_free' memory is not reusable yet."
         elif "two segments" in name:
             hint = "Take the largest free block and the total free bytes over all segments together."
-        return Feedback(False, f"Case '{name}': you return {got:.4g}, expected {expected:.4g}. {hint}".strip(),
+        return Feedback(False, f"Case '{name}': you return {got:.4g}, which is not its index. {hint}".strip(),
                         {"case": name, "answer": got, "expected": expected})
     return Feedback(True, "Correct on all six layouts, including the one that ran out of memory: most of its free "
                           "memory sits in blocks far smaller than the request.")
@@ -222,6 +231,8 @@ POOL_BOUNDARY_OPTIONS = {
 }
 
 
+@exercise("ex-alloc-22", chapter=1, points=1, section="Where expandable segments do not help",
+          objective="Predict the pool (small or large) a request uses and why pools never share cached blocks.")
 def check_pool_boundary_choice(answer: str | None) -> Feedback:
     """Why does '2 MiB tensor, free it, 0.5 MiB tensor' reserve 22 MiB? One of 'a'-'d'
     (``POOL_BOUNDARY_OPTIONS``)."""
@@ -244,6 +255,9 @@ OOM_FIXES = {
 }
 
 
+@exercise("ex-alloc-oom-reading", chapter=1, points=2, section="From fragmentation to out-of-memory",
+          objective="Read an out-of-memory message (allocated against reserved-but-unallocated memory) and choose "
+                    "the fix that removes the fragmentation.")
 def check_oom_reading(unallocated_mib: float | None, fix: str | None, *, result: Any = None) -> Feedback:
     """The 'interleave' out-of-memory error of ``alloc.fragmentation_oom`` (default cap,
     384 MiB): how many MiB were reserved but unallocated (from its message), and which of

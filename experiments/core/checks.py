@@ -3,13 +3,21 @@
 Chapter modules write the checks themselves (they know what a wrong answer usually
 means); these helpers give every check the same look and the same handling of an
 unanswered exercise (``None``: a reminder, not a failure).
+
+Each check is declared once with :func:`exercise`: its label in the book, chapter,
+points, learning objective and the section whose rule it practises. The declaration
+feeds the instructors' table and the grader (:mod:`experiments.grading`), and adds the
+self-study behaviour: a wrong answer names the section, and after a second wrong try
+points to the solution. Feedback never states the expected value of a wrong answer.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import html
+import inspect
 import math
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,14 +77,18 @@ def check_number(
     if answer is None:
         return unanswered(f"your value for {name}{f' in {unit}' if unit else ''}")
     if isinstance(answer, bool) or not isinstance(answer, (int, float)) or not math.isfinite(answer):
-        return Feedback(False, f"{name} should be a finite number{f' in {unit}' if unit else ''}, got {answer!r}.")
+        return Feedback(False, f"{name} should be a finite number{f' in {unit}' if unit else ''}, got {answer!r}.",
+                        {"wrong_parts": [name]})
     u = f" {unit}" if unit else ""
     details = {"answer": answer, "expected": expected}
     if math.isclose(answer, expected, rel_tol=rel_tol, abs_tol=abs_tol):
         return Feedback(True, f"{name} = {expected:g}{u}. {explanation}".strip(), details)
+    details["wrong_parts"] = [name]
     for value, message in hints:
         if math.isclose(answer, value, rel_tol=rel_tol, abs_tol=abs_tol):
-            return Feedback(False, f"{answer:g}{u} is not it. {message}", details)
+            return Feedback(False, f"{answer:g}{u} is not it for {name}. {message}", details)
+    # The direction teaches without giving the value away; the section pointer comes
+    # from the exercise's declaration.
     direction = "high" if answer > expected else "low"
     return Feedback(False, f"{answer:g}{u} is too {direction} for {name}.", details)
 
@@ -100,8 +112,12 @@ def check_choice(answer: Any, correct: Any, *, explanations: Mapping[Any, str], 
     except TypeError:  # a list or dict cannot be an option
         known = False
     if not known:
-        return Feedback(False, f"{answer!r} is not an option; choose one of {list(explanations)}.")
-    return Feedback(answer == correct, explanations[answer], {"answer": answer, "correct": correct})
+        return Feedback(False, f"{answer!r} is not an option; choose one of {list(explanations)}.",
+                        {"wrong_parts": [name]})
+    details: dict[str, Any] = {"answer": answer, "correct": correct}
+    if answer != correct:
+        details["wrong_parts"] = [name]
+    return Feedback(answer == correct, explanations[answer], details)
 
 
 def combine(parts: Sequence[Feedback]) -> Feedback:
@@ -111,4 +127,100 @@ def combine(parts: Sequence[Feedback]) -> Feedback:
     failing = [p for p in parts if not p.correct]
     if not failing:
         return Feedback(True, " ".join(p.message for p in parts))
-    return Feedback(False, " ".join(p.message for p in failing))
+    wrong = [name for p in failing for name in p.details.get("wrong_parts", [])]
+    return Feedback(False, " ".join(p.message for p in failing), {"wrong_parts": wrong})
+
+
+# ----------------------------------------------------------------------------- declarations
+
+@dataclasses.dataclass(frozen=True)
+class Exercise:
+    """One exercise of the book, declared beside its check with :func:`exercise`.
+
+    ``check`` is the undecorated check function (no self-study wording); ``answers`` are
+    its parameters without a default, in order: the values a student fills in. Other
+    parameters (``result=``, ``expandable=``) are the check's own and never taken from a
+    submission.
+    """
+
+    label: str
+    chapter: int
+    points: float
+    objective: str
+    section: str
+    check: Callable[..., Feedback]
+    answers: tuple[str, ...]
+    needs_gpu: bool = False
+
+    @property
+    def check_name(self) -> str:
+        return self.check.__name__
+
+
+EXERCISES: dict[str, Exercise] = {}
+_WRONG_TRIES: dict[str, int] = {}
+
+
+def exercise(label: str, *, chapter: int, points: float, objective: str, section: str,
+             needs_gpu: bool = False) -> Callable[[Callable[..., Feedback]], Callable[..., Feedback]]:
+    """Declare a check function as the check of exercise ``label`` (as in the book's
+    ``:label:``) and register it in :data:`EXERCISES`.
+
+    Args:
+        chapter: 1-4. points: > 0. objective: the learning objective, one sentence.
+        section: the title of the section whose rule the exercise practises (named in
+            wrong-answer feedback).
+        needs_gpu: the check runs the student's code on a GPU and cannot judge it without.
+
+    The returned function behaves like the check for a reader: a wrong answer also
+    names the section, and from the second wrong try on points to the solution.
+
+    Raises:
+        ValueError: a label not starting with 'ex-', a chapter outside 1-4, points <= 0,
+            or the label declared twice for different checks.
+    """
+    if not label.startswith("ex-"):
+        raise ValueError(f"label must start with 'ex-', got {label!r}")
+    if chapter not in (1, 2, 3, 4):
+        raise ValueError(f"chapter must be 1-4, got {chapter!r}")
+    if not points > 0:
+        raise ValueError(f"points must be > 0, got {points!r}")
+
+    def declare(check: Callable[..., Feedback]) -> Callable[..., Feedback]:
+        params = inspect.signature(check).parameters.values()
+        answers = tuple(p.name for p in params if p.default is p.empty
+                        and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+        old = EXERCISES.get(label)
+        if old is not None and old.check.__qualname__ != check.__qualname__:
+            raise ValueError(f"exercise {label!r} is declared twice: {old.check.__qualname__} and "
+                             f"{check.__qualname__}")
+        EXERCISES[label] = Exercise(label, chapter, points, objective, section, check, answers, needs_gpu)
+
+        @functools.wraps(check)
+        def self_study(*args: Any, **kwargs: Any) -> Feedback:
+            return _self_study(label, section, check(*args, **kwargs))
+
+        self_study.exercise_label = label  # type: ignore[attr-defined]
+        return self_study
+
+    return declare
+
+
+def _self_study(label: str, section: str, fb: Feedback) -> Feedback:
+    if fb.correct is not False:
+        return fb
+    tries = _WRONG_TRIES[label] = _WRONG_TRIES.get(label, 0) + 1
+    more = f" The rule is in the section '{section}'."
+    if tries >= 2:
+        more += " Stuck after two tries? The solution below the exercise walks through it."
+    return Feedback(False, fb.message + more, fb.details)
+
+
+def graded_feedback(fb: Feedback) -> str:
+    """The feedback of graded mode: only correct / wrong / which part is wrong."""
+    if fb.correct is None:
+        return "unanswered"
+    if fb.correct:
+        return "correct"
+    parts = fb.details.get("wrong_parts") or []
+    return "wrong" + (f": {', '.join(str(p) for p in parts)}" if parts else "")

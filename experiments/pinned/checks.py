@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
-from ..core.checks import Feedback, check_choice, check_number, combine, unanswered
+from ..core.checks import Feedback, check_choice, check_number, combine, exercise, unanswered
 from ..core.device import has_cuda
 from ..core.units import MiB
 from .model import LIFECYCLE_STEPS, simulate_lifecycle
@@ -28,6 +28,9 @@ def owned_answers_mib() -> dict[str, float]:
             "after_device_empty_cache": model[_EMPTY_DEVICE]["owned_bytes"] / MiB}
 
 
+@exercise("ex-pinned-owned", chapter=3, points=2, section="Nothing comes back on its own",
+          objective="Predict the pinned memory the host caching allocator owns: power-of-two blocks, reuse, and "
+                    "what empty_cache() does not release.")
 def check_owned_prediction(after_e: Any, after_device_empty_cache: Any) -> Feedback:
     """Exercise: predict the pinned MiB the host allocator owns in the lifecycle script.
 
@@ -43,8 +46,8 @@ def check_owned_prediction(after_e: Any, after_device_empty_cache: Any) -> Feedb
         hints=[(13, "That is the sum of the live requests (3 + 5 + 2 + 3): blocks are powers of two, and the "
                     "allocator counts what it owns, not what was asked for."),
                (16, "That is the sum of every request. Round each up to a power of two first."),
-               (22, "Close: 4 + 4 + 8 + 2 + 4. But e's request (3 MiB -> a 4 MiB block) finds a's freed 4 MiB "
-                    "block in the cache, so no new block is pinned."),
+               (22, "Close, but look again at e's request: could the cache already hold a block that fits "
+                    "it?"),
                (14, "Remember that d's 2 MiB request gets a block of its own: blocks are never split.")],
         explanation="a and b take 4 MiB blocks, c an 8 MiB block; del a caches a's block; d needs a new "
                     "2 MiB block; e reuses a's cached 4 MiB block.")
@@ -70,6 +73,9 @@ OVERWRITE_OPTIONS = {
 }
 
 
+@exercise("ex-pinned-guard", chapter=3, points=1, section="The buffer is not yours yet: the overwrite race",
+          objective="Say when a non_blocking copy reads its pinned source, and guard a reused buffer with the "
+                    "least host blocking.")
 def check_overwrite_guard(answer: Any) -> Feedback:
     """Exercise: which call, between the copy and the host's next write into ``buf``, makes
     the write safe while blocking the host the least? (options in ``OVERWRITE_OPTIONS``)"""
@@ -81,8 +87,7 @@ def check_overwrite_guard(answer: Any) -> Feedback:
         "a": "No: empty_cache() returns cached device blocks to the driver. It neither waits for the copy nor "
              "protects the pinned buffer.",
         "b": "Safe, but not the cheapest: synchronize() waits for everything queued on every stream, including "
-             "work queued after the copy (in the lab's run about twice the event's wait, since as much GPU work "
-             "was queued after the copy as before it).",
+             "work queued after the copy.",
         "c": "Yes. The event completes when the stream reaches the point right after the copy, so the host waits "
              "for the copy and nothing queued behind it.",
         "d": "No: del only drops a name. The allocator defers *reuse of a freed block*; writes through another "
@@ -94,6 +99,8 @@ def check_overwrite_guard(answer: Any) -> Feedback:
 
 # ---------------------------------------------------------------- 3. rounding
 
+@exercise("ex-pinned-rounding", chapter=3, points=1, section="Power-of-two blocks",
+          objective="Explain why pinned blocks are rounded to powers of two, and what that costs.")
 def check_rounding(answer_gib: Any) -> Feedback:
     """Exercise: GiB of pinned memory one ``pin_memory()`` of a 2.08 GiB tensor occupies."""
     if answer_gib is None:
@@ -102,13 +109,15 @@ def check_rounding(answer_gib: Any) -> Feedback:
         answer_gib, 4.0, name="the pinned memory of a 2.08 GiB tensor", unit="GiB", rel_tol=0.01,
         hints=[(2.08, "That is the request. The host caching allocator hands out power-of-two blocks."),
                (2.0, "A block smaller than the request cannot hold it; the rounding goes up."),
-               (3.0, "3 GiB is not a power of two; the next one above 2.08 is 4.")],
+               (3.0, "3 GiB is not a power of two.")],
         explanation="2.08 GiB rounds up to 4 GiB: nearly half of it is waste, which is why vLLM pins its KV "
                     "offload buffers with cudaHostRegister instead.")
 
 
 # ---------------------------------------------------------------- 4. graph replay
 
+@exercise("ex-pinned-graph", chapter=3, points=1, section="CUDA graphs fix host addresses for good",
+          objective="Explain how a CUDA graph fixes a host address: in-place edits show up, a new tensor does not.")
 def check_graph_replay(answer: Any) -> Feedback:
     """Exercise: after capture (stage = 1), ``stage.fill_(3.0)``, then
     ``stage = torch.full_like(stage, 7.0).pin_memory()``: what does the next replay deliver?"""
@@ -117,8 +126,8 @@ def check_graph_replay(answer: Any) -> Feedback:
     return check_number(
         answer, 3.0, name="the value the replay copies", abs_tol=1e-9,
         hints=[(7.0, "The graph does not know Python names: it copies from the address it captured, and "
-                     "rebinding `stage` leaves that buffer (still holding 3) where it was."),
-               (1.0, "The in-place fill_(3.0) wrote into the captured buffer itself, so replays see it.")],
+                     "rebinding `stage` does not change what that buffer holds."),
+               (1.0, "The in-place fill_ wrote into the captured buffer itself, so replays see it.")],
         explanation="Replays read the captured address. In-place edits show up; a new tensor does not. Keep the "
                     "captured buffer alive and copy new data into it.")
 
@@ -211,6 +220,8 @@ def judge_loader(report: Mapping[str, Any]) -> Feedback:
                           "next batch.", dict(report))
 
 
+@exercise("ex-pinned-loader", chapter=3, points=3, section="Double buffering: a ring of pinned staging buffers",
+          needs_gpu=True, objective="Build a double-buffered loader with a ring of pinned staging buffers.")
 def check_loader(loader: Any, *, n_buffers: int = 2, n_batches: int = 8, batch_mib: int = 16,
                  queued_ms: float = 200.0, compute_ms: float = 2.0) -> Feedback:
     """Exercise: run the reader's double-buffered loader on the GPU and judge it.

@@ -11,7 +11,7 @@ import statistics
 from typing import Any, Callable, Mapping, Sequence
 
 from ..core import registry
-from ..core.checks import Feedback, check_choice, check_number, unanswered
+from ..core.checks import Feedback, check_choice, check_number, exercise, unanswered
 from ..core.device import check_fits, has_cuda
 from ..core.registry import Result
 from ..core.units import MiB
@@ -42,6 +42,20 @@ _BLOCK_WHY = {
 }
 
 
+# Wrong-answer hints: the mechanism, never the count.
+_BLOCK_HINT = {
+    "unprotected": "Unprotected: where does the freed block go, and which allocation asks next on that stream?",
+    "stall": "Stall: the host waits for the consumer before it frees; is the block idle when the next "
+             "all-gather allocates?",
+    "record_stream": "record_stream: a parked block comes back only when a later allocation polls its event and "
+                     "finds it complete. How far ahead of the GPU is the host when it allocates?",
+    "event": "Event handoff: count the consumed buffer(s) kept alive, plus the one being filled.",
+}
+
+
+@exercise("ex-streams-blocks", chapter=2, points=2, section="The race, measured",
+          objective="Say which stream's free list a block returns to, and predict the blocks each way of "
+                    "releasing a cross-stream buffer uses.")
 def check_block_predictions(answer: Mapping[str, int] | None, result: Result | None = None) -> Feedback:
     """Exercise: predict the distinct buffer blocks per trial for each strategy.
 
@@ -55,12 +69,15 @@ def check_block_predictions(answer: Mapping[str, int] | None, result: Result | N
     if answer is None:
         return unanswered("my_blocks (the dict in the cell, with your four numbers filled in)")
     if not isinstance(answer, Mapping) or set(answer) != set(STRATEGIES):
-        return Feedback(False, f"Give a dict with exactly the keys {list(STRATEGIES)}, one whole number each.")
+        return Feedback(False, f"Give a dict with exactly the keys {list(STRATEGIES)}, one whole number each.",
+                        {"wrong_parts": ["the keys of the dict"]})
     if any(v is None for v in answer.values()):
         missing = ", ".join(s for s in STRATEGIES if answer[s] is None)
         return unanswered(f"a whole number of blocks for each strategy in my_blocks (still None: {missing})")
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in answer.values()):
-        return Feedback(False, "Each prediction should be a whole number of blocks.")
+        return Feedback(False, "Each prediction should be a whole number of blocks.",
+                        {"wrong_parts": [s for s in STRATEGIES if not isinstance(answer[s], int)
+                                         or isinstance(answer[s], bool)]})
     d = _result("streams.strategies", result).data
     measured = {s: d["results"][s]["distinct_blocks"] for s in STRATEGIES}
     wrong = [s for s in STRATEGIES
@@ -69,10 +86,13 @@ def check_block_predictions(answer: Mapping[str, int] | None, result: Result | N
     table = ", ".join(f"{s} {measured[s]}" for s in STRATEGIES)
     if not wrong:
         return Feedback(True, f"All four right (measured: {table}). {_BLOCK_WHY['record_stream']}", details)
-    why = " ".join(f"You said {answer[s]} for {s}, measured {measured[s]}. {_BLOCK_WHY[s]}" for s in wrong)
-    return Feedback(False, why, details)
+    details["wrong_parts"] = wrong
+    why = " ".join(f"{answer[s]} is not it for {s}. {_BLOCK_HINT[s]}" for s in wrong)
+    return Feedback(False, f"{len(STRATEGIES) - len(wrong)} of {len(STRATEGIES)} right. {why}", details)
 
 
+@exercise("ex-streams-peak", chapter=2, points=1, section="`record_stream` ties memory to CPU run-ahead",
+          objective="Explain how record_stream ties peak memory to how far the host runs ahead of the GPU.")
 def check_peak_prediction(answer_mib: float | None, result: Result | None = None) -> Feedback:
     """Exercise: predict record_stream's peak active memory (MiB above the start) with
     32 layers of 64 MiB, 10 ms of GPU work and 5 ms of host work per layer.
@@ -89,14 +109,16 @@ def check_peak_prediction(answer_mib: float | None, result: Result | None = None
     return check_number(
         answer_mib, expected, name="record_stream's peak active memory", unit="MiB", rel_tol=0.25,
         hints=[(every, "That is every layer's buffer, which needs the host to finish before the GPU completes "
-                       "any layer. Here the host issues a layer every 5 ms and the GPU finishes one every 10 ms, "
-                       "so by the last layer about half of the consumers are done."),
+                       "any layer. Here the host issues a layer every 5 ms and the GPU finishes one every 10 ms: "
+                       "how many consumers are done by the last allocation?"),
                (buf, "One buffer is what you get when the host is slower than the GPU (compare the 20 ms point)."),
                ((d["in_flight"] + 1) * buf, "That is the event handoff's fixed bound, not record_stream's.")],
         explanation=f"The GPU falls behind by 5 ms per layer, so about half of the {d['layers']} blocks are still "
                     f"parked when the last one is allocated.")
 
 
+@exercise("ex-streams-allocated", chapter=2, points=1, section="What `max_memory_allocated()` does not see",
+          objective="Tell allocated from active memory, and say what max_memory_allocated() cannot see.")
 def check_allocated_peak(answer_mib: float | None, result: Result | None = None) -> Feedback:
     """Exercise: what does ``max_memory_allocated()`` report (MiB above the start) for
     record_stream at the largest run-ahead (10 ms of GPU work, no host delay)?
@@ -120,6 +142,8 @@ def check_allocated_peak(answer_mib: float | None, result: Result | None = None)
                     f"MiB. max_memory_allocated() cannot see blocks parked on events.")
 
 
+@exercise("ex-streams-alloc-stream", chapter=2, points=1, section="The one rule that matters here",
+          objective="Decide which stream must wait before a buffer read on several streams is released.")
 def check_allocation_stream(answer: str | None) -> Feedback:
     """Exercise (multiple choice): a buffer allocated under ``torch.cuda.stream(copy_in)``
     is read on the compute stream and on an offload (copy) stream. Which stream must wait,
@@ -136,11 +160,13 @@ def check_allocation_stream(answer: str | None) -> Feedback:
         "c": "Right. Only allocations on copy_in can receive the block, so copy_in alone needs a dependency: on an "
              "event from each reader (or one event, if the readers are already ordered).",
         "d": "Not quite. It is safe, because copy_in's waits are among the three, but it is more than needed: "
-             "waits on compute and offload order work that can never receive the block, and can cost overlap. "
-             "Only copy_in has to wait.",
+             "some of these waits order work on streams whose allocations can never receive the block, and "
+             "they can cost overlap.",
     })
 
 
+@exercise("ex-streams-cap", chapter=2, points=1, section="Under a memory cap: a stall hidden in an allocation",
+          objective="Explain where a host stall inside an allocation comes from under a memory cap.")
 def check_cap_stall(answer: str | None) -> Feedback:
     """Exercise (multiple choice): where does the tens-of-ms host stall inside an ordinary
     allocation come from, under a memory cap with record_stream?"""
@@ -155,10 +181,13 @@ def check_cap_stall(answer: str | None) -> Feedback:
              "retries; first it waits (cudaEventSynchronize) on every outstanding record_stream event, so the host "
              "waits for the GPU to catch up. num_alloc_retries counts these.",
         "c": "No: Python frees the tensors by reference counting at `del`; the garbage collector is not involved.",
-        "d": "No: the caching allocator never pages device memory to the host; the stall is a wait on events.",
+        "d": "No: the caching allocator never pages device memory to the host.",
     })
 
 
+@exercise("ex-streams-handoff", chapter=2, points=3, section="Writing the event handoff", needs_gpu=True,
+          objective="Write the event handoff: release a cross-stream buffer safely without record_stream and "
+                    "without a stall.")
 def check_event_handoff(handoff: Callable | None, *, layers: int = 8, buffer_mib: int = 64, trials: int = 3,
                         producer_ms: float = 1.5, consumer_ms: float = 2.0) -> Feedback:
     """Exercise: run the reader's handoff loop on this GPU and judge it.

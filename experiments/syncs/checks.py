@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from ..core.checks import Feedback, check_choice, combine, unanswered
+from ..core.checks import Feedback, check_choice, combine, exercise, unanswered
 from ..core.device import NoGPUError, has_cuda
 from ..core.registry import Result, run
 from ..core.store import NotRecordedError, RecordedFileError
@@ -54,11 +54,13 @@ def _end_time_feedback(answer: Any, *, measured: float, model: float, tol: float
     syncs. ``hints`` are typical wrong answers, matched within ``tol``.
     """
     if isinstance(answer, bool) or not isinstance(answer, (int, float)) or not math.isfinite(answer):
-        return Feedback(False, f"{name[0].upper()}{name[1:]} should be a number of ms, got {answer!r}.")
+        return Feedback(False, f"{name[0].upper()}{name[1:]} should be a number of ms, got {answer!r}.",
+                        {"wrong_parts": [name]})
     details = {"answer": answer, "expected": measured, "model": model, "tolerance_ms": tol}
     if abs(answer - model) <= tol or abs(answer - measured) <= tol:
         return Feedback(True, f"Right: {name} was {measured:.1f} ms (the model says {_ms(model)} ms). "
                               f"{explanation}", details)
+    details["wrong_parts"] = [name]
     for value, message in hints:
         if abs(answer - value) <= tol:
             return Feedback(False, f"{_ms(answer)} ms is not it for {name}. {message}", details)
@@ -66,6 +68,8 @@ def _end_time_feedback(answer: Any, *, measured: float, model: float, tol: float
     return Feedback(False, f"{_ms(answer)} ms is too {direction} for {name}.", details)
 
 
+@exercise("ex-syncs-runahead", chapter=4, points=2, section="Run-ahead, and what one sync costs",
+          objective="Predict when the GPU finishes a loop that runs ahead, with and without a sync each step.")
 def check_run_ahead_prediction(no_sync_ms: float | None, every_step_ms: float | None, *,
                                result: Result | None = None) -> Feedback:
     """Predict when the GPU finishes the run-ahead loop (8 steps, 1.5 ms host and 2 ms GPU
@@ -92,7 +96,7 @@ def check_run_ahead_prediction(no_sync_ms: float | None, every_step_ms: float | 
         no_sync_ms, measured=r.data["variants"]["none"]["end_ms"], model=model["none"], tol=tol,
         name="the end time without a sync",
         hints=[(n * g, f"That is the GPU's work alone ({n} x {g:g} ms). But the GPU cannot start before the "
-                       f"host has queued the first step: it idles through the first {h:g} ms of Python work."),
+                       f"host has queued the first step: it idles through that step's Python work."),
                (n * (h + g), "That is the loop with a sync every step. Without syncs the host's Python work "
                              "overlaps the GPU's kernels: the slower side sets the pace."),
                (n * h, "That is when the host finishes queueing; the GPU is still busy with the queue.")],
@@ -118,6 +122,8 @@ BUBBLE_OPTIONS = {
 }
 
 
+@exercise("ex-syncs-bubble", chapter=4, points=1, section="Run-ahead, and what one sync costs",
+          objective="Explain why the cost of a sync is the bubble after it, not the wait.")
 def check_bubble_cost(answer: str | None) -> Feedback:
     """Multiple choice: what a single sync in a run-ahead loop costs (see :data:`BUBBLE_OPTIONS`)."""
     if answer is None:
@@ -129,9 +135,8 @@ def check_bubble_cost(answer: str | None) -> Feedback:
              "draw in red, but no GPU time was lost during it.",
         "b": "Yes: after the sync the queue is empty, so the GPU idles while the host does its next Python "
              "work. That bubble is what the step loses, and no profiler charges it to the sync.",
-        "c": "No: the wait overlaps GPU work that had to run anyway; only the bubble after it is lost.",
-        "d": "No: the GPU finished later than without the sync. It idled right after the sync, while the host "
-             "rebuilt its lead.",
+        "c": "No: during the wait the GPU was busy with work that had to run anyway.",
+        "d": "No: the GPU finished later than without the sync.",
     })
 
 
@@ -146,6 +151,9 @@ def classification_template() -> dict[str, None]:
     return {OPS_BY_ID[i].code: None for i in QUIZ_OPS}
 
 
+@exercise("ex-syncs-classify", chapter=4, points=2, section="Where syncs hide: the catalogue",
+          objective="Find the operations that make the host wait for the GPU, including indexing with CPU data "
+                    "and copies from pageable memory.")
 def check_classification(answers: Mapping[str, bool | None] | None, *, result: Result | None = None) -> Feedback:
     """Say for each operation of :data:`QUIZ_OPS` whether it makes the host wait for the GPU.
 
@@ -176,23 +184,23 @@ def check_classification(answers: Mapping[str, bool | None] | None, *, result: R
     if isinstance(r, Feedback):
         return r
     rows = {row["id"]: row for row in r.data["rows"]}
-    wrong = []
-    for op_id in QUIZ_OPS:
-        row = rows[op_id]
-        if given[op_id] != row["syncs"]:
-            verdict = "syncs" if row["syncs"] else "does not sync"
-            wrong.append(f"{row['code']} {verdict}: {row['why']} (measured: {row['debug_mode_syncs']} debug-mode "
-                         f"warning(s), the host waited {row['host_blocked_ms']['median']:.1f} of "
-                         f"{r.data['work_ms']:g} ms).")
+    wrong = [rows[op_id]["code"] for op_id in QUIZ_OPS if given[op_id] != rows[op_id]["syncs"]]
     details = {"wrong": len(wrong), "total": len(QUIZ_OPS)}
     if not wrong:
         return Feedback(True, f"All {len(QUIZ_OPS)} right. The rule behind them: a sync happens when the host "
                               "needs a value, a size or a copy that only the GPU's queue can produce.", details)
-    return Feedback(False, f"{len(QUIZ_OPS) - len(wrong)} of {len(QUIZ_OPS)} right. " + " ".join(wrong), details)
+    details["wrong_parts"] = wrong
+    # Which ones, not which way: the verdict is the answer.
+    return Feedback(False, f"{len(QUIZ_OPS) - len(wrong)} of {len(QUIZ_OPS)} right. Look again at: "
+                           f"{'; '.join(wrong)}. For each, ask whether the host needs a value, a size or a copy "
+                           "that only the GPU's queue can produce.", details)
 
 
 # ----------------------------------------------------------------- pageable threshold
 
+@exercise("ex-syncs-threshold", chapter=4, points=1, section="Copies from pageable memory drain the stream",
+          objective="Read from a measurement the copy size at which a non_blocking copy from pageable memory "
+                    "makes the host wait.")
 def check_threshold(answer_mib: float | str | None, *, result: Result | None = None) -> Feedback:
     """The smallest copy size (MiB) at which a ``non_blocking`` copy from pageable memory
     made the host wait, read from ``syncs.pageable_threshold`` (live or recorded).
@@ -219,11 +227,12 @@ def check_threshold(answer_mib: float | str | None, *, result: Result | None = N
     if t is None:
         if says_none:
             return Feedback(True, "Right: on this machine no pageable copy in the sweep made the host wait.")
-        return Feedback(False, f"No size up to {largest:g} MiB made the host wait here; answer \"none\".")
+        return Feedback(False, f"{answer_mib:g} MiB is not it. Read the sweep again: look for the size where the "
+                               "host's wait jumps up, and if there is none, say so.", {"wrong_parts": ["the size"]})
     if says_none:
         return Feedback(False, f'Not "none": in this sweep (up to {largest:g} MiB) some pageable copies did make '
                                "the host wait for the queued work. Find the size where the red squares jump up, "
-                               "and give it in MiB.")
+                               "and give it in MiB.", {"wrong_parts": ["the size"]})
     a = float(answer_mib)
     lo = (s or 0) / 2**20
     hi = t / 2**20
@@ -231,14 +240,15 @@ def check_threshold(answer_mib: float | str | None, *, result: Result | None = N
     if lo - 1e-9 <= a <= hi + 1e-9:
         return Feedback(True, f"Right: the copy returned at once up to {lo:g} MiB and waited "
                               f"{nb[t]:.1f} ms at {hi:g} MiB; the driver's limit lies in between.", details)
+    details["wrong_parts"] = ["the size"]
     if math.isclose(a, 0.0625, rel_tol=0.05) and hi > 0.0625:
         return Feedback(False, "64 KiB is what the post saw on a GB200. Read your own sweep: the limit "
                                "depends on the driver and the platform.", details)
     if a < lo:
-        return Feedback(False, f"At {a:g} MiB the copy did not wait yet: the sweep shows the driver staging "
-                               f"copies up to {lo:g} MiB without draining the stream.", details)
-    return Feedback(False, f"Smaller: already at {hi:g} MiB the copy waited {nb[t]:.1f} ms of the "
-                           f"{d['work_ms']:g} ms queued.", details)
+        return Feedback(False, f"At {a:g} MiB the copy did not wait yet: the driver still stages copies of that "
+                               "size without draining the stream. Look further up the sweep.", details)
+    return Feedback(False, f"Smaller: at {a:g} MiB the copy already made the host wait for the queued work. "
+                           "Look for the first size where it did.", details)
 
 
 # ----------------------------------------------------------------- rewrite sync-free
@@ -322,10 +332,12 @@ def _compare(out: Any, ref: tuple[torch.Tensor, torch.Tensor]) -> str:
     if not torch.allclose(sums.float(), ref[0], rtol=1e-5, atol=1e-5):
         return f"sums differ from the reference (max difference {float((sums.float() - ref[0]).abs().max()):.3g})"
     if not torch.allclose(gmax.float().reshape(()), ref[1], rtol=1e-5, atol=1e-5):
-        return f"gmax is {float(gmax):.4g}, the reference {float(ref[1]):.4g}"
+        return f"gmax is {float(gmax):.4g}, which differs from the reference function's gmax"
     return ""
 
 
+@exercise("ex-syncs-rewrite", chapter=4, points=3, section="Case study: the metrics helper", needs_gpu=True,
+          objective="Rewrite a function so that it keeps no host-device sync, and show it with the detector.")
 def check_sync_free_rewrite(fn: Callable[[torch.Tensor], Any] | None, *, queued_ms: float = 20.0) -> Feedback:
     """Check a sync-free rewrite of :func:`~experiments.syncs_case.reduce_grad_stats`.
 
