@@ -3,7 +3,8 @@
 Sources are jupytext percent-format files: readable diffs, one cell per `# %%`.
 Each generated notebook gets, after its title cell, the set-up cell that installs the
 helper package in Colab from `repository.url` in _config.yml (the one place the URL
-lives), and notebook metadata that asks Colab for a GPU runtime.
+lives), and notebook metadata that asks Colab for a GPU runtime. Each exercise's check
+cell is tagged for the grader (`experiments.grading.tag_exercise_cells`).
 
     python scripts/sync_notebooks.py          # write notebooks that changed
     python scripts/sync_notebooks.py --check  # exit 1 if any notebook is stale
@@ -17,6 +18,8 @@ from pathlib import Path
 import jupytext
 import nbformat
 import yaml
+
+from experiments.grading import tag_exercise_cells
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "book" / "src"
@@ -63,7 +66,7 @@ def build(src: Path, url: str) -> nbformat.NotebookNode:
         "colab": {"provenance": [], "gpuType": "T4"},
     }
     nb.nbformat, nb.nbformat_minor = 4, 5
-    return nb
+    return tag_exercise_cells(nb)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,8 +1,9 @@
-"""Command line: python -m experiments {record,list,claims}
+"""Command line: python -m experiments {record,list,claims,grade}
 
 record   run experiments on this GPU and write their recorded results
 list     experiments, their chapters, and the GPUs with recorded results
 claims   evaluate the posts' claims (live on a GPU, or --recorded) as text or --json
+grade    run and score students' notebooks into a CSV (or --json)
 """
 from __future__ import annotations
 
@@ -64,6 +65,25 @@ def cmd_claims(args: argparse.Namespace) -> int:
     return 1 if args.strict and any(r.holds is not True for r in results) else 0
 
 
+def cmd_grade(args: argparse.Namespace) -> int:
+    from . import grading
+
+    if not args.timeout > 0:
+        raise ValueError(f"--timeout must be > 0 seconds, got {args.timeout:g}")
+    if args.out and Path(args.out).is_dir():
+        raise ValueError(f"--out {args.out!r} is a folder; give a file name such as grades.csv")
+    if args.live and not has_cuda():
+        raise ValueError("--live needs a CUDA GPU and none is visible; leave it out to grade in recorded mode")
+    rows = grading.grade(args.submission, timeout_s=args.timeout, live=args.live, feedback=args.feedback)
+    text = (json.dumps([r.to_json() for r in rows], indent=1) + "\n") if args.json else grading.rows_to_csv(rows)
+    if args.out:
+        grading.write_atomic(args.out, text)
+        print(f"wrote {args.out} ({sum(r.exercise != grading.TOTAL for r in rows)} exercise rows)", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m experiments", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -88,6 +108,17 @@ def build_parser() -> argparse.ArgumentParser:
     cl.add_argument("--chapter", type=int, choices=[n for n in chapters.NUMBERS if n > 0])
     cl.add_argument("--strict", action="store_true", help="exit 1 unless every claim holds")
     cl.set_defaults(func=cmd_claims)
+
+    gr = sub.add_parser("grade", help="run and score students' notebooks (no GPU needed)")
+    gr.add_argument("submission", nargs="+", metavar="SUBMISSION", help="a notebook (.ipynb) or a folder of them")
+    gr.add_argument("--out", help="write the grades to this file (default: print them)")
+    gr.add_argument("--json", action="store_true", help="a JSON list of rows instead of CSV")
+    gr.add_argument("--live", action="store_true",
+                    help="run on this machine's GPU and grade the GPU exercises too (default: recorded mode)")
+    gr.add_argument("--timeout", type=float, default=600.0, help="time limit per notebook, seconds (default 600)")
+    gr.add_argument("--feedback", choices=("graded", "full"), default="graded",
+                    help="graded: correct / wrong / which part (default); full: the checks' messages")
+    gr.set_defaults(func=cmd_grade)
     return parser
 
 
@@ -95,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, LookupError, RuntimeError) as e:
+    except (ValueError, LookupError, RuntimeError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `... | head` closed the pipe: not an error of ours
