@@ -306,7 +306,9 @@ def _execute(nb: nbformat.NotebookNode, plans: Sequence[_Plan], *, timeout_s: fl
         client = NotebookClient(run, timeout=max(1, int(timeout_s)), kernel_name="python3", allow_errors=True,
                                 resources={"metadata": {"path": work}}, record_timing=False)
         deadline = time.monotonic() + timeout_s
-        with client.setup_kernel(env=env):  # the kernel's cwd: resources' path
+        # The kernel's cwd is resources' path. Its own stderr (a transport warning, a traceback
+        # when it is stopped mid-reply) is no business of the grade; cell output comes by messages.
+        with client.setup_kernel(env=env, stderr=subprocess.DEVNULL):
             for index, cell in enumerate(run.cells):
                 if cell.cell_type != "code":
                     continue
@@ -448,21 +450,34 @@ def _row(plan: _Plan, run: nbformat.NotebookNode, shift: Mapping[Any, int], capt
     return _score(ex, captured, mode=mode, score_timeout_s=score_timeout_s)
 
 
-def grade(submissions: Sequence[str | os.PathLike[str]], **kwargs: Any) -> list[Row]:
+def grade(submissions: Sequence[str | os.PathLike[str]], *, jobs: int = 1, **kwargs: Any) -> list[Row]:
     """Grade every notebook of ``submissions`` (files or folders), checked up front.
 
-    Keyword arguments go to :func:`grade_notebook`.
+    Args:
+        jobs: notebooks graded at once (1 to 64), each in its own process and kernel;
+            rows keep the order of the notebooks.
+        kwargs: go to :func:`grade_notebook`.
 
     Raises:
         GradeInputError: see :func:`find_notebooks`, :func:`read_notebook`.
+        ValueError: jobs outside 1-64.
     """
+    if not (isinstance(jobs, int) and 1 <= jobs <= 64):
+        raise ValueError(f"jobs must be an integer in [1, 64], got {jobs!r}")
     paths = find_notebooks(submissions)
     for p in paths:
         notebook_exercises(read_notebook(p), p)  # every input is checked before anything runs
-    rows: list[Row] = []
-    for p in paths:
-        rows.extend(grade_notebook(p, **kwargs))
-    return rows
+    if jobs == 1 or len(paths) == 1:
+        return [row for p in paths for row in grade_notebook(p, **kwargs)]
+    import concurrent.futures
+    import functools
+    import multiprocessing
+
+    # spawn: a fresh interpreter per worker (no forked state of a caller's threads)
+    with concurrent.futures.ProcessPoolExecutor(min(jobs, len(paths)),
+                                                mp_context=multiprocessing.get_context("spawn")) as pool:
+        per_notebook = list(pool.map(functools.partial(grade_notebook, **kwargs), paths))
+    return [row for rows in per_notebook for row in rows]
 
 
 # ----------------------------------------------------------------------------- output

@@ -74,7 +74,8 @@ def cmd_grade(args: argparse.Namespace) -> int:
         raise ValueError(f"--out {args.out!r} is a folder; give a file name such as grades.csv")
     if args.live and not has_cuda():
         raise ValueError("--live needs a CUDA GPU and none is visible; leave it out to grade in recorded mode")
-    rows = grading.grade(args.submission, timeout_s=args.timeout, live=args.live, feedback=args.feedback)
+    rows = grading.grade(args.submission, timeout_s=args.timeout, live=args.live, feedback=args.feedback,
+                         jobs=args.jobs)
     text = (json.dumps([r.to_json() for r in rows], indent=1) + "\n") if args.json else grading.rows_to_csv(rows)
     if args.out:
         grading.write_atomic(args.out, text)
@@ -116,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     gr.add_argument("--live", action="store_true",
                     help="run on this machine's GPU and grade the GPU exercises too (default: recorded mode)")
     gr.add_argument("--timeout", type=float, default=600.0, help="time limit per notebook, seconds (default 600)")
+    gr.add_argument("--jobs", type=int, default=1, help="notebooks graded at once (default 1)")
     gr.add_argument("--feedback", choices=("graded", "full"), default="graded",
                     help="graded: correct / wrong / which part (default); full: the checks' messages")
     gr.set_defaults(func=cmd_grade)

@@ -1,0 +1,202 @@
+"""The instructors' grader on a set of submissions made from the student notebooks.
+
+Expected rows come from the exercises' solutions (the book's text) and the rules in
+the issue: a right answer scores its points, a check redefined in the notebook changes
+nothing, a deleted check cell is 'missing', a cell that raises is 'error', the time
+limit gives 'timeout' for what had not finished, and grading goes on after an error.
+"""
+from __future__ import annotations
+
+import csv
+import importlib.util
+import io
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from experiments import grading
+
+ROOT = Path(__file__).resolve().parent.parent
+spec = importlib.util.spec_from_file_location("student_edition", ROOT / "scripts" / "student_edition.py")
+student_edition = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(student_edition)
+
+CH3 = "ch3_pinned_memory.ipynb"
+# Right answers, from the solutions of chapter 3: guard (c), 2.08 GiB pins 4 GiB, 18 and
+# 18 MiB owned, the replay delivers 3.
+RIGHT = {
+    "ex-pinned-guard": ('answer = None', 'answer = "c"'),
+    "ex-pinned-rounding": ("answer_gib = None", "answer_gib = 4"),
+    "ex-pinned-owned": (("after_e = None", "after_e = 18"),
+                        ("after_device_empty_cache = None", "after_device_empty_cache = 18.0")),
+    "ex-pinned-graph": ("answer_value = None", "answer_value = 3.0"),
+}
+WRONG = {
+    "ex-pinned-guard": ('answer = None', 'answer = "b"'),
+    "ex-pinned-rounding": ("answer_gib = None", "answer_gib = 2.08"),
+    "ex-pinned-owned": (("after_e = None", "after_e = 13"),
+                        ("after_device_empty_cache = None", "after_device_empty_cache = 0")),
+    "ex-pinned-graph": ("answer_value = None", "answer_value = 7.0"),
+}
+GPU_ROW = ("ex-pinned-loader", 0, 0, "needs_gpu")
+
+
+def _student(tmp_path: Path, name: str, trim: bool = True) -> nbformat.NotebookNode:
+    """The student notebook as handed out; ``trim``: only its set-up and import cells and the
+    check cells run (the text stays), which halves the time a grade takes on CI."""
+    out = tmp_path / "student"
+    if not (out / name).exists():
+        student_edition.write_notebooks(out)
+    nb = nbformat.read(out / name, as_version=4)
+    if trim:
+        code = [c for c in nb.cells if c.cell_type == "code"]
+        keep = {id(c) for c in code[:2]} | {id(c) for c in code if c.metadata.get("exercise")}
+        nb.cells = [c for c in nb.cells if c.cell_type == "markdown" or id(c) in keep]
+    return nb
+
+
+def _cell(nb, label):
+    [cell] = [c for c in nb.cells if c.cell_type == "code" and c.metadata.get("exercise") == label]
+    return cell
+
+
+def _answer(nb, answers, only=None):
+    for label, edits in answers.items():
+        if only is not None and label not in only:
+            continue
+        cell = _cell(nb, label)
+        for old, new in (edits if isinstance(edits[0], tuple) else [edits]):
+            assert old in cell.source, (label, old)
+            cell.source = cell.source.replace(old, new)
+    return nb
+
+
+def _insert_after(nb, label, source):
+    i = nb.cells.index(_cell(nb, label))
+    nb.cells.insert(i + 1, nbformat.v4.new_code_cell(source))
+
+
+@pytest.fixture(scope="module")
+def submissions(tmp_path_factory):
+    """The submission set, graded once (two at a time): {case: rows}."""
+    tmp = tmp_path_factory.mktemp("grading")
+    folder = tmp / "class"
+    folder.mkdir()
+    cases = {}
+
+    cases["right"] = _answer(_student(tmp, CH3), RIGHT)
+    cases["wrong"] = _answer(_student(tmp, CH3), WRONG)
+    cases["blank"] = _student(tmp, CH3)
+
+    raises = _answer(_student(tmp, CH3), RIGHT)
+    _cell(raises, "ex-pinned-rounding").source = "answer_gib = 1 / 0\npinned.check_rounding(answer_gib)"
+    _insert_after(raises, "ex-pinned-rounding", "raise RuntimeError('a student bug between two exercises')")
+    cases["raises"] = raises
+
+    endless = _answer(_student(tmp, CH3), RIGHT)
+    _cell(endless, "ex-pinned-owned").source = "while True:\n    pass\n" + _cell(endless, "ex-pinned-owned").source
+    cases["endless"] = endless
+
+    # A student who makes every check (and the shared comparisons) pass, then answers wrong,
+    # and edits one check call on top.
+    cheat = _answer(_student(tmp, CH3), WRONG)
+    cheat.cells.insert(3, nbformat.v4.new_code_cell(
+        "import experiments.checks as _c\n"
+        "always = lambda *a, **k: _c.Feedback(True, 'correct!')\n"
+        "for _name in dir(pinned):\n"
+        "    if _name.startswith('check_'):\n"
+        "        setattr(pinned, _name, always)\n"
+        "_c.check_number = _c.check_choice = always\n"))
+    graph = _cell(cheat, "ex-pinned-graph")
+    graph.source = graph.source.replace("pinned.check_graph_replay(answer_value)",
+                                        "pinned.check_graph_replay(answer_value) or _c.Feedback(True, 'x')")
+    cases["cheat"] = cheat
+
+    deleted = _answer(_student(tmp, CH3), RIGHT)
+    deleted.cells.remove(_cell(deleted, "ex-pinned-rounding"))
+    renamed = _cell(deleted, "ex-pinned-graph")
+    renamed.source = "answer_value = 3.0\nprint(answer_value)"
+    cases["deleted"] = deleted
+
+    paths = []
+    for case, nb in cases.items():
+        path = folder / f"{case}.ipynb"
+        nbformat.write(nb, path)
+        paths.append(path)
+    t0 = time.perf_counter()
+    rows = grading.grade([folder], timeout_s=25, jobs=2)
+    elapsed = time.perf_counter() - t0
+    print(f"\ngraded {len(paths)} notebooks in {elapsed:.1f} s (two at a time)")
+    return {p.stem: [r for r in rows if r.notebook == str(p)] for p in paths}, rows
+
+
+def _table(rows):
+    return [(r.exercise, r.score, r.max_score, r.status) for r in rows]
+
+
+def test_every_answer_right(submissions):
+    rows = submissions[0]["right"]
+    assert _table(rows) == [("ex-pinned-guard", 1, 1, "correct"), ("ex-pinned-rounding", 1, 1, "correct"),
+                            ("ex-pinned-owned", 2, 2, "correct"), ("ex-pinned-graph", 1, 1, "correct"),
+                            GPU_ROW, ("total", 5, 5, "")]
+    assert all(r.feedback == "correct" for r in rows[:4])
+
+
+def test_every_answer_wrong_names_the_wrong_parts_only(submissions):
+    rows = submissions[0]["wrong"]
+    assert _table(rows) == [("ex-pinned-guard", 0, 1, "wrong"), ("ex-pinned-rounding", 0, 1, "wrong"),
+                            ("ex-pinned-owned", 0, 2, "wrong"), ("ex-pinned-graph", 0, 1, "wrong"),
+                            GPU_ROW, ("total", 0, 5, "")]
+    assert rows[2].feedback == ("wrong: the memory owned right after e is pinned, "
+                                "the memory owned after torch.cuda.empty_cache()")
+    assert rows[0].feedback == "wrong: your option"
+
+
+def test_blank_is_unanswered(submissions):
+    rows = submissions[0]["blank"]
+    assert [r.status for r in rows] == ["unanswered"] * 4 + ["needs_gpu", ""]
+    assert rows[-1].score == 0 and rows[-1].max_score == 5
+
+
+def test_a_raising_cell_is_an_error_and_grading_goes_on(submissions):
+    rows = submissions[0]["raises"]
+    assert _table(rows) == [("ex-pinned-guard", 1, 1, "correct"), ("ex-pinned-rounding", 0, 1, "error"),
+                            ("ex-pinned-owned", 2, 2, "correct"), ("ex-pinned-graph", 1, 1, "correct"),
+                            GPU_ROW, ("total", 4, 5, "")]
+    assert rows[1].feedback == "its cell raised ZeroDivisionError: division by zero"
+
+
+def test_an_endless_loop_is_stopped_and_scored_as_far_as_it_ran(submissions):
+    rows = submissions[0]["endless"]
+    assert _table(rows) == [("ex-pinned-guard", 1, 1, "correct"), ("ex-pinned-rounding", 1, 1, "correct"),
+                            ("ex-pinned-owned", 0, 2, "timeout"), ("ex-pinned-graph", 0, 1, "timeout"),
+                            GPU_ROW, ("total", 2, 5, "")]
+    assert "time limit (25 s)" in rows[2].feedback
+
+
+def test_a_redefined_check_gains_nothing(submissions):
+    rows = submissions[0]["cheat"]
+    assert _table(rows) == _table(submissions[0]["wrong"])
+
+
+def test_a_deleted_check_cell_is_missing(submissions):
+    rows = submissions[0]["deleted"]
+    assert _table(rows) == [("ex-pinned-guard", 1, 1, "correct"), ("ex-pinned-owned", 2, 2, "correct"),
+                            ("ex-pinned-graph", 0, 1, "missing"), GPU_ROW,
+                            ("ex-pinned-rounding", 0, 1, "missing"), ("total", 3, 5, "")]
+    assert "no longer calls check_graph_replay" in rows[2].feedback
+
+
+def test_csv_and_json_have_the_columns(submissions):
+    rows = submissions[1]
+    text = grading.rows_to_csv(rows)
+    parsed = list(csv.DictReader(io.StringIO(text)))
+    assert list(parsed[0]) == list(grading.COLUMNS)
+    assert len(parsed) == len(rows) == 7 * 6  # five exercises and the total, in each of seven notebooks
+    assert parsed[5] == {"notebook": rows[5].notebook, "exercise": "total", "score": "0",
+                         "max_score": "5", "status": "", "feedback": rows[5].feedback}
