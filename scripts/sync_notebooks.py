@@ -4,7 +4,7 @@ Sources are jupytext percent-format files: readable diffs, one cell per `# %%`.
 Each generated notebook gets, after its title cell, the set-up cell that installs the
 helper package in Colab from `repository.url` in _config.yml (the one place the URL
 lives), and notebook metadata that asks Colab for a GPU runtime. Each exercise's check
-cell is tagged for the grader (`experiments.grading.tag_exercise_cells`).
+cell is tagged for the grader (`experiments.core.grading.tag_exercise_cells`).
 
     python scripts/sync_notebooks.py          # write notebooks that changed
     python scripts/sync_notebooks.py --check  # exit 1 if any notebook is stale
@@ -19,7 +19,7 @@ import jupytext
 import nbformat
 import yaml
 
-from experiments.grading import tag_exercise_cells
+from experiments.core.grading import tag_exercise_cells
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "book" / "src"

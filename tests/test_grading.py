@@ -19,7 +19,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from experiments import grading
+from experiments.core import grading
 
 ROOT = Path(__file__).resolve().parent.parent
 spec = importlib.util.spec_from_file_location("student_edition", ROOT / "scripts" / "student_edition.py")
@@ -106,7 +106,7 @@ def submissions(tmp_path_factory):
     # and edits one check call on top.
     cheat = _answer(_student(tmp, CH3), WRONG)
     cheat.cells.insert(3, nbformat.v4.new_code_cell(
-        "import experiments.checks as _c\n"
+        "import experiments.core.checks as _c\n"
         "always = lambda *a, **k: _c.Feedback(True, 'correct!')\n"
         "for _name in dir(pinned):\n"
         "    if _name.startswith('check_'):\n"

@@ -6,7 +6,7 @@ unanswered exercise (``None``: a reminder, not a failure).
 
 Each check is declared once with :func:`exercise`: its label in the book, chapter,
 points, learning objective and the section whose rule it practises. The declaration
-feeds the instructors' table and the grader (:mod:`experiments.grading`), and adds the
+feeds the instructors' table and the grader (:mod:`experiments.core.grading`), and adds the
 self-study behaviour: a wrong answer names the section, and after a second wrong try
 points to the solution. Feedback never states the expected value of a wrong answer.
 """

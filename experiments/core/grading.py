@@ -4,7 +4,7 @@ Each notebook runs top to bottom in a fresh kernel (recorded mode unless ``live`
 one time limit for the whole notebook, and errors do not stop it (a later exercise may
 not depend on the cell that raised). After each exercise's check cell the grader adds
 one cell that reads the answers the check call was given and shows them as JSON
-(:mod:`experiments.grading_answers`). The score then comes from the *installed*
+(:mod:`experiments.core.grading_answers`). The score then comes from the *installed*
 package's check, called in the grader (or, for answers that are functions, in a fresh
 scoring subprocess) on those answers; nothing the notebook defined, including a
 redefined check, takes part.
@@ -286,7 +286,7 @@ def _execute(nb: nbformat.NotebookNode, plans: Sequence[_Plan], *, timeout_s: fl
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
     run = nbformat.v4.new_notebook(metadata=copy.deepcopy(nb.metadata))
-    setup = nbformat.v4.new_code_cell("from experiments.grading_answers import capture as _memlab_capture")
+    setup = nbformat.v4.new_code_cell(f"from {__package__}.grading_answers import capture as _memlab_capture")
     run.cells.append(setup)
     capture_at: dict[int, int] = {}
     student_at: dict[int, int] = {}

@@ -1,6 +1,6 @@
 """Answers on their way from a student's kernel to the grader, as JSON (never pickle).
 
-Three parts, used by :mod:`experiments.grading`:
+Three parts, used by :mod:`experiments.core.grading`:
 
 * :func:`capture` runs inside the notebook's kernel, in a cell the grader adds after each
   exercise's check cell. It evaluates the answer expressions of the check call and
@@ -9,7 +9,7 @@ Three parts, used by :mod:`experiments.grading`:
   source code plus the modules and plain values it uses from the notebook's globals.
 * :func:`decode` turns that JSON back into Python values in the grader. Code is
   rebuilt only where ``allow_code`` is true, which the grader sets only in
-* the scoring subprocess (``python -m experiments.grading_answers``): a fresh Python
+* the scoring subprocess (``python -m experiments.core.grading_answers``): a fresh Python
   that rebuilds the student's functions from their source, calls the installed
   package's check with them and prints the verdict as JSON. So neither a check that the
   notebook redefined nor anything else in its namespace reaches the score.
