@@ -149,7 +149,7 @@ def _reserved_hint(k: int, s: float, got: float, expandable: bool) -> str:
     pages = 20 * math.ceil(k * s / 20)
     if expandable:
         if near(k * s):
-            return "That is the memory the tensors use; pages are mapped whole, 20 MiB at a time."
+            return "That is the memory the tensors use, but the allocator maps whole pages of the large pool."
         if near(20 * math.ceil(s / 20) * k):
             return ("Pages are not per tensor: all tensors of a pool share one growing segment, so the free end of "
                     "the last page serves the next tensor.")
