@@ -45,6 +45,22 @@ WRONG = {
 }
 GPU_ROW = ("ex-pinned-loader", 0, 0, "needs_gpu")
 
+CH1 = "ch1_caching_allocator.ipynb"
+# Chapter 1's solutions: 80 and 64 MiB; 176 MiB and "group"; the two functions as the
+# solutions write them (one with `import math` in its cell: a module the function uses); "b".
+CH1_RIGHT = {
+    "ex-alloc-predict-timeline": ("al.check_timeline_prediction(None, None)", "al.check_timeline_prediction(80, 64)"),
+    "ex-alloc-oom-reading": ("al.check_oom_reading(None, None)", 'al.check_oom_reading(176, "group")'),
+    "ex-alloc-frag-index": (("    return None  # your code here",
+                             '    free = [b["size"] for s in segments for b in s["blocks"] if b["state"] == "inactive"]\n'
+                             "    return 0.0 if not free else 1 - max(free) / sum(free)"),
+                            ("al.check_frag_index(None)", "al.check_frag_index(frag_index)")),
+    "ex-alloc-pages": (("def mapped(k, s):\n    return None  # your code here",
+                        "import math\n\ndef mapped(k, s):\n    return 20 * math.ceil(k * s / 20)"),
+                       ("al.check_reserved_function(None)", "al.check_reserved_function(mapped)")),
+    "ex-alloc-22": ("al.check_pool_boundary_choice(None)", 'al.check_pool_boundary_choice("b")'),
+}
+
 
 def _student(tmp_path: Path, name: str, trim: bool = True) -> nbformat.NotebookNode:
     """The student notebook as handed out; ``trim``: only its set-up and import cells and the
@@ -123,6 +139,8 @@ def submissions(tmp_path_factory):
     renamed.source = "answer_value = 3.0\nprint(answer_value)"
     cases["deleted"] = deleted
 
+    cases["ch1-right"] = _answer(_student(tmp, CH1), CH1_RIGHT)
+
     paths = []
     for case, nb in cases.items():
         path = folder / f"{case}.ipynb"
@@ -192,11 +210,31 @@ def test_a_deleted_check_cell_is_missing(submissions):
     assert "no longer calls check_graph_replay" in rows[2].feedback
 
 
+def test_function_answers_are_scored_from_their_source(submissions):
+    rows = submissions[0]["ch1-right"]
+    assert _table(rows) == [("ex-alloc-predict-timeline", 2, 2, "correct"), ("ex-alloc-oom-reading", 2, 2, "correct"),
+                            ("ex-alloc-frag-index", 3, 3, "correct"), ("ex-alloc-pages", 3, 3, "correct"),
+                            ("ex-alloc-22", 1, 1, "correct"), ("total", 11, 11, "")]
+
+
+def test_a_function_that_never_returns_times_out_in_scoring():
+    from experiments.core.checks import EXERCISES
+    from experiments.core.grading_answers import encode
+
+    grading.exercises()
+    loop = {"$": "function", "name": "frag_index", "globals": {},
+            "source": "def frag_index(segments):\n    while True:\n        pass\n"}
+    result = grading._score_in_subprocess(EXERCISES["ex-alloc-frag-index"], {"fn": loop}, mode="recorded",
+                                          timeout_s=8)
+    assert result == {"timeout": "scoring the answer took longer than 8 s"}
+    assert encode((1, [2.5, None], {"a": float("nan")}))["$"] == "tuple"
+
+
 def test_csv_and_json_have_the_columns(submissions):
     rows = submissions[1]
     text = grading.rows_to_csv(rows)
     parsed = list(csv.DictReader(io.StringIO(text)))
     assert list(parsed[0]) == list(grading.COLUMNS)
-    assert len(parsed) == len(rows) == 7 * 6  # five exercises and the total, in each of seven notebooks
+    assert len(parsed) == len(rows) == 8 * 6  # five exercises and the total, in each of eight notebooks
     assert parsed[5] == {"notebook": rows[5].notebook, "exercise": "total", "score": "0",
                          "max_score": "5", "status": "", "feedback": rows[5].feedback}
