@@ -238,3 +238,61 @@ def test_csv_and_json_have_the_columns(submissions):
     assert len(parsed) == len(rows) == 8 * 6  # five exercises and the total, in each of eight notebooks
     assert parsed[5] == {"notebook": rows[5].notebook, "exercise": "total", "score": "0",
                          "max_score": "5", "status": "", "feedback": rows[5].feedback}
+
+
+def test_student_notebooks_carry_one_tag_per_exercise_of_their_chapter(tmp_path):
+    exs = grading.exercises()
+    for path in student_edition.write_notebooks(tmp_path):
+        nb = nbformat.read(path, as_version=4)
+        tagged = [(i, c.metadata["exercise"]) for i, c in enumerate(nb.cells) if c.metadata.get("exercise")]
+        if not tagged:
+            continue
+        chapter = nb.metadata["memlab"]["chapter"]
+        assert sorted(label for _, label in tagged) == sorted(e.label for e in exs.values() if e.chapter == chapter)
+        for i, label in tagged:
+            # the check cell calls its check, after the exercise's text
+            assert grading.find_check_call(nb.cells[i].source, exs[label].check_name), label
+            assert any(label in c.source for c in nb.cells[:i] if c.cell_type == "markdown"), label
+
+
+def _cli(args, capsys):
+    from experiments.core import cli
+
+    code = cli.main(["grade", *map(str, args)])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "notes.txt").write_text("not a notebook")
+    (tmp_path / "broken.ipynb").write_text("{ this is not json")
+    (tmp_path / "other.ipynb").write_text(nbformat.writes(nbformat.v4.new_notebook(
+        cells=[nbformat.v4.new_code_cell("print(1)")])))
+    for bad, words in [(tmp_path / "empty", "without any .ipynb"), (tmp_path / "notes.txt", "not a notebook"),
+                       (tmp_path / "broken.ipynb", "not a valid notebook"), (tmp_path / "nothing.ipynb", "does not exist"),
+                       (tmp_path / "other.ipynb", "no exercise of the book")]:
+        code, out, err = _cli([bad, "--out", tmp_path / "g.csv"], capsys)
+        assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and words in err, (bad, err)
+        assert str(bad) in err and err.startswith("error: ")
+    assert not (tmp_path / "g.csv").exists()
+    code, out, err = _cli([tmp_path / "other.ipynb", "--timeout", "0"], capsys)
+    assert code == 2 and "--timeout must be > 0" in err
+
+
+def test_cli_writes_the_csv_atomically_and_json(submissions, tmp_path, capsys, monkeypatch):
+    rows = submissions[0]["right"]
+    monkeypatch.setattr(grading, "grade", lambda paths, **kw: rows)
+    out_csv = tmp_path / "grades.csv"
+    code, out, err = _cli(["x.ipynb", "--out", out_csv], capsys)
+    assert code == 0 and out == "" and "(5 exercise rows)" in err
+    lines = out_csv.read_text().splitlines()
+    assert lines[0] == "notebook,exercise,score,max_score,status,feedback"
+    assert lines[1].endswith(",ex-pinned-guard,1,1,correct,correct")
+    assert lines[-1].endswith(",total,5,5,,\"4 correct, 1 needs_gpu\"")
+    assert [p.name for p in tmp_path.iterdir()] == ["grades.csv"]  # no temporary file left
+    code, out, err = _cli(["x.ipynb", "--json"], capsys)
+    data = json.loads(out)
+    assert code == 0 and data[0] == {"notebook": rows[0].notebook, "exercise": "ex-pinned-guard", "score": 1.0,
+                                     "max_score": 1.0, "status": "correct", "feedback": "correct"}
+    assert [set(d) for d in data] == [set(grading.COLUMNS)] * len(rows)

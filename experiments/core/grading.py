@@ -482,6 +482,26 @@ def grade(submissions: Sequence[str | os.PathLike[str]], *, jobs: int = 1, **kwa
 
 # ----------------------------------------------------------------------------- output
 
+def exercise_table() -> str:
+    """The instructors' table, objectives -> exercises -> points, as MyST Markdown (one row
+    per exercise, by chapter, with each chapter's total), from the exercises' declarations."""
+    from .chapters import by_number
+
+    lines = ["| chapter | learning objective | exercise | check | points | graded without a GPU |",
+             "|---|---|---|---|---|---|"]
+    exs = sorted(exercises().values(), key=lambda e: e.chapter)  # stable: declaration order within
+    for chapter in sorted({e.chapter for e in exs}):
+        mine = [e for e in exs if e.chapter == chapter]
+        for e in mine:
+            objective = e.objective.replace("|", "\\|")
+            face = e.check.__module__.split(".")[1]  # experiments.<chapter>.checks
+            lines.append(f"| {chapter} | {objective} | {{ref}}`{e.label}` | `{face}.{e.check_name}` | {_num(e.points)} | "
+                         f"{'no: `--live` on a GPU' if e.needs_gpu else 'yes'} |")
+        lines.append(f"| {chapter} | **{by_number(chapter).title}: total** | | | "
+                     f"**{_num(sum(e.points for e in mine))}** | |")
+    return "\n".join(lines) + "\n"
+
+
 def _num(x: float) -> str:
     return f"{x:g}"
 
