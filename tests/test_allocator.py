@@ -698,7 +698,7 @@ def test_check_reserved_function():
     assert allocator.check_reserved_function(None).correct is None
     assert allocator.check_reserved_function(lambda k, s: 20 * math.ceil(k * s / 20)).correct
     fb = allocator.check_reserved_function(lambda k, s: k * s)
-    assert not fb.correct and "pages are mapped whole" in fb.message
+    assert not fb.correct and "maps whole pages" in fb.message
     fb = allocator.check_reserved_function(lambda k, s: 20 * math.ceil(k * s / 20), expandable=False)
     assert not fb.correct and "expandable-segments answer" in fb.message
     assert "raised ZeroDivisionError" in allocator.check_reserved_function(lambda k, s: 1 / 0).message
