@@ -421,7 +421,7 @@ def grade_notebook(path: str | os.PathLike[str], *, timeout_s: float = 600.0, li
     counts = {s: sum(r.status == s for r in rows) for s in STATUSES}
     summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
     if stopped is not None or dead:
-        summary += f"; {dead or 'the time limit'} stopped the notebook"
+        summary += f"; stopped early: {dead or 'the time limit ran out'}"
     rows.append(Row(nb_name, TOTAL, sum(r.score for r in rows), sum(r.max_score for r in rows), "", summary))
     return rows
 
