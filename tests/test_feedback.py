@@ -211,3 +211,13 @@ def test_rewrite_on_cpu_does_not_give_the_reference_values():
 
     ref = syncs.reduce_grad_stats(torch.randn(4, 8, generator=torch.Generator().manual_seed(0)))
     assert_teaches(syncs.check_sync_free_rewrite, (wrong_gmax,), [float(ref[1])])
+
+
+def test_graded_mode_says_only_which_part(monkeypatch):
+    monkeypatch.setenv("CUDA_MEMLAB_FEEDBACK", "graded")
+    fb = pinned.check_owned_prediction(18, 0)
+    assert (fb.correct, fb.message) == (False, "wrong: the memory owned after torch.cuda.empty_cache()")
+    assert fb.details == {"wrong_parts": ["the memory owned after torch.cuda.empty_cache()"]}
+    assert pinned.check_owned_prediction(18, 18.0).message == "correct"
+    assert pinned.check_owned_prediction(None, None).message == "unanswered"
+    assert al.check_pool_boundary_choice("a").message == "wrong: your answer"

@@ -17,6 +17,7 @@ import functools
 import html
 import inspect
 import math
+import os
 from typing import Any, Callable, Mapping, Sequence
 
 
@@ -173,7 +174,9 @@ def exercise(label: str, *, chapter: int, points: float, objective: str, section
         needs_gpu: the check runs the student's code on a GPU and cannot judge it without.
 
     The returned function behaves like the check for a reader: a wrong answer also
-    names the section, and from the second wrong try on points to the solution.
+    names the section, and from the second wrong try on points to the solution. With
+    ``CUDA_MEMLAB_FEEDBACK=graded`` in the environment (an exam) it says only correct /
+    wrong / which part, and its details keep nothing but the wrong parts.
 
     Raises:
         ValueError: a label not starting with 'ex-', a chapter outside 1-4, points <= 0,
@@ -207,6 +210,8 @@ def exercise(label: str, *, chapter: int, points: float, objective: str, section
 
 
 def _self_study(label: str, section: str, fb: Feedback) -> Feedback:
+    if os.environ.get("CUDA_MEMLAB_FEEDBACK", "").strip().lower() == "graded":
+        return Feedback(fb.correct, graded_feedback(fb), {"wrong_parts": list(fb.details.get("wrong_parts", []))})
     if fb.correct is not False:
         return fb
     tries = _WRONG_TRIES[label] = _WRONG_TRIES.get(label, 0) + 1

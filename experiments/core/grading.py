@@ -60,6 +60,9 @@ class GradeInputError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Row:
+    """One line of the grades: an exercise of a notebook, or its total (``exercise='total'``,
+    empty status). Points are floats; ``feedback`` is one line."""
+
     notebook: str
     exercise: str
     score: float
