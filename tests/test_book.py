@@ -39,3 +39,17 @@ def test_colab_launch_button_points_at_the_notebook(built):
     repo = url.removeprefix("https://github.com/")
     html = (built / "book" / "ch1_caching_allocator.html").read_text()
     assert f"https://colab.research.google.com/github/{repo}/blob/main/book/ch1_caching_allocator.ipynb" in html
+
+
+@pytest.mark.slow
+def test_instructors_page_has_the_generated_exercise_table(built):
+    import html as html_mod
+
+    from experiments.core.grading import exercises
+
+    page = html_mod.unescape((built / "book" / "instructors.html").read_text())
+    text = re.sub(r"<[^>]+>", "", page)
+    for e in exercises().values():
+        assert e.objective in text, e.label
+        assert f"{e.check.__module__.split('.')[1]}.{e.check_name}" in text
+    assert "Grading a class" in text and "python -m experiments grade" in text
