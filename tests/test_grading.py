@@ -296,3 +296,17 @@ def test_cli_writes_the_csv_atomically_and_json(submissions, tmp_path, capsys, m
     assert code == 0 and data[0] == {"notebook": rows[0].notebook, "exercise": "ex-pinned-guard", "score": 1.0,
                                      "max_score": 1.0, "status": "correct", "feedback": "correct"}
     assert [set(d) for d in data] == [set(grading.COLUMNS)] * len(rows)
+
+
+def test_answers_round_trip_as_json_and_code_stays_out_of_the_grader():
+    from experiments.core.grading_answers import Opaque, decode, encode, has_code
+
+    value = {"unprotected": 1, "stall": None, "x": [2.5, "none", (True, float("inf"))]}
+    wire = json.loads(json.dumps(encode(value)))
+    assert decode(wire) == value
+    assert isinstance(decode(json.loads(json.dumps(encode(object())))), Opaque)
+    for crafted in ({"$": "module", "name": "antigravity"}, {"$": "import", "module": "os", "name": "system"},
+                    {"$": "function", "name": "f", "source": "def f(): pass", "globals": {}}):
+        assert has_code(crafted)
+        with pytest.raises(ValueError, match="scoring subprocess"):
+            decode(crafted)

@@ -122,9 +122,9 @@ def capture(label: str, thunks: Mapping[str, Callable[[], Any]]) -> None:
 # ----------------------------------------------------------------------------- grader side
 
 def has_code(obj: Any) -> bool:
-    """Whether an encoded answer holds a function (scored in the subprocess)."""
+    """Whether an encoded answer holds a function or a module (scored in the subprocess)."""
     if isinstance(obj, dict):
-        return obj.get("$") == "function" or any(has_code(v) for v in obj.values())
+        return obj.get("$") in ("function", "module", "import") or any(has_code(v) for v in obj.values())
     if isinstance(obj, list):
         return any(has_code(v) for v in obj)
     return False
@@ -153,7 +153,8 @@ def decode(obj: Any, *, allow_code: bool = False, ns: dict[str, Any] | None = No
     """Python values from :func:`encode`'s JSON.
 
     Raises:
-        ValueError: a function while ``allow_code`` is false, or a malformed object.
+        ValueError: a function, module or import while ``allow_code`` is false, or a
+            malformed object.
     """
     if not isinstance(obj, dict):
         if isinstance(obj, list):
@@ -176,6 +177,9 @@ def decode(obj: Any, *, allow_code: bool = False, ns: dict[str, Any] | None = No
         return out
     if kind == "other":
         return Opaque(str(obj.get("type")), str(obj.get("repr")))
+    if kind in ("module", "import", "function") and not allow_code:
+        # importing or running what a submission names happens in the scoring subprocess only
+        raise ValueError(f"a {kind} in an answer is scored in the scoring subprocess only")
     if kind == "module":
         return importlib.import_module(obj["name"])
     if kind == "import":
@@ -184,8 +188,6 @@ def decode(obj: Any, *, allow_code: bool = False, ns: dict[str, Any] | None = No
             value = getattr(value, part)
         return value
     if kind == "function":
-        if not allow_code:
-            raise ValueError("a function answer is scored in the scoring subprocess only")
         space = ns if ns is not None else {"__name__": "__answer__", "__builtins__": builtins}
         return _build_function(obj, space)
     raise ValueError(f"malformed answer: unknown kind {kind!r}")
