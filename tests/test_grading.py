@@ -149,7 +149,7 @@ def submissions(tmp_path_factory):
     t0 = time.perf_counter()
     rows = grading.grade([folder], timeout_s=25, jobs=2)
     elapsed = time.perf_counter() - t0
-    print(f"\ngraded {len(paths)} notebooks in {elapsed:.1f} s (two at a time)")
+    print(f"\ngraded {len(paths)} notebooks in {elapsed:.1f} s (two at a time)\n" + grading.rows_to_csv(rows))
     return {p.stem: [r for r in rows if r.notebook == str(p)] for p in paths}, rows
 
 
