@@ -62,7 +62,7 @@ def assert_teaches(check, args, expected, *, kwargs=None, allowed=()):
                 assert not set(leaks(fb.message, value)) - echoed, (args, value, fb.message)
     label = check.exercise_label
     assert f"'{EXERCISES[label].section}'" in first.message, first.message
-    assert "solution" not in first.message.lower() and "solution below" in second.message
+    assert "solution" not in first.message.lower() and "exercise's solution" in second.message
     assert graded_feedback(core_checks.Feedback(False, "", first.details)).startswith("wrong")
     core_checks._WRONG_TRIES.clear()
     return first

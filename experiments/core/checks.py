@@ -217,7 +217,8 @@ def _self_study(label: str, section: str, fb: Feedback) -> Feedback:
     tries = _WRONG_TRIES[label] = _WRONG_TRIES.get(label, 0) + 1
     more = f" The rule is in the section '{section}'."
     if tries >= 2:
-        more += " Stuck after two tries? The solution below the exercise walks through it."
+        # the student edition has no solutions: say where the full book keeps them
+        more += " Stuck after two tries? The exercise's solution, under it in the full book, walks through it."
     return Feedback(False, fb.message + more, fb.details)
 
 
