@@ -147,7 +147,7 @@ def submissions(tmp_path_factory):
         nbformat.write(nb, path)
         paths.append(path)
     t0 = time.perf_counter()
-    rows = grading.grade([folder], timeout_s=25, jobs=2)
+    rows = grading.grade([folder], timeout_s=30, jobs=2)
     elapsed = time.perf_counter() - t0
     print(f"\ngraded {len(paths)} notebooks in {elapsed:.1f} s (two at a time)\n" + grading.rows_to_csv(rows))
     return {p.stem: [r for r in rows if r.notebook == str(p)] for p in paths}, rows
@@ -194,7 +194,7 @@ def test_an_endless_loop_is_stopped_and_scored_as_far_as_it_ran(submissions):
     assert _table(rows) == [("ex-pinned-guard", 1, 1, "correct"), ("ex-pinned-rounding", 1, 1, "correct"),
                             ("ex-pinned-owned", 0, 2, "timeout"), ("ex-pinned-graph", 0, 1, "timeout"),
                             GPU_ROW, ("total", 2, 5, "")]
-    assert "time limit (25 s)" in rows[2].feedback
+    assert "time limit (30 s)" in rows[2].feedback
 
 
 def test_a_redefined_check_gains_nothing(submissions):

@@ -485,14 +485,20 @@ def grade(submissions: Sequence[str | os.PathLike[str]], *, jobs: int = 1, **kwa
 
 # ----------------------------------------------------------------------------- output
 
-def exercise_table() -> str:
+def exercise_table(order: Sequence[str] = ()) -> str:
     """The instructors' table, objectives -> exercises -> points, as MyST Markdown (one row
-    per exercise, by chapter, with each chapter's total), from the exercises' declarations."""
+    per exercise, by chapter, with each chapter's total), from the exercises' declarations.
+
+    Args:
+        order: exercise labels in the book's order (the generator passes them); labels
+            not in it follow in the order they were declared.
+    """
     from .chapters import by_number
 
     lines = ["| chapter | learning objective | exercise | check | points | graded without a GPU |",
              "|---|---|---|---|---|---|"]
-    exs = sorted(exercises().values(), key=lambda e: e.chapter)  # stable: declaration order within
+    rank = {label: i for i, label in enumerate(order)}
+    exs = sorted(exercises().values(), key=lambda e: (e.chapter, rank.get(e.label, len(rank))))
     for chapter in sorted({e.chapter for e in exs}):
         mine = [e for e in exs if e.chapter == chapter]
         for e in mine:
