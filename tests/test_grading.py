@@ -11,6 +11,7 @@ import csv
 import importlib.util
 import io
 import json
+import re
 import subprocess
 import sys
 import time
@@ -310,3 +311,33 @@ def test_answers_round_trip_as_json_and_code_stays_out_of_the_grader():
         assert has_code(crafted)
         with pytest.raises(ValueError, match="scoring subprocess"):
             decode(crafted)
+
+
+def _solution_code(src: Path, label: str) -> str:
+    """The first python code block of an exercise's solution in a chapter source."""
+    text = "\n".join(line[2:] if line.startswith("# ") else line.lstrip("#") for line in src.read_text().splitlines())
+    block = re.search(r"\{solution\} " + re.escape(label) + r".*?```python\n(.*?)```", text, re.S)
+    assert block, label
+    return block.group(1)
+
+
+def test_solution_code_is_found_for_the_gpu_loader():
+    code = _solution_code(ROOT / "book" / "src" / "ch3_pinned_memory.py", "ex-pinned-loader")
+    assert code.startswith("def my_loader(batches, n_buffers=2):") and "yield out" in code
+
+
+@pytest.mark.gpu
+def test_live_grading_scores_the_gpu_exercise(tmp_path):
+    """On a GPU: chapter 3 answered as its solutions say, the loader included, graded live."""
+    nb = _answer(_student(tmp_path, CH3), RIGHT)
+    loader = _cell(nb, "ex-pinned-loader")
+    code = _solution_code(ROOT / "book" / "src" / "ch3_pinned_memory.py", "ex-pinned-loader")
+    blank = "my_loader = None  # replace with your generator function my_loader(batches, n_buffers)"
+    assert blank in loader.source
+    loader.source = loader.source.replace(blank, code)
+    path = tmp_path / "live.ipynb"
+    nbformat.write(nb, path)
+    rows = grading.grade_notebook(path, timeout_s=300, live=True)
+    assert _table(rows) == [("ex-pinned-guard", 1, 1, "correct"), ("ex-pinned-rounding", 1, 1, "correct"),
+                            ("ex-pinned-owned", 2, 2, "correct"), ("ex-pinned-graph", 1, 1, "correct"),
+                            ("ex-pinned-loader", 3, 3, "correct"), ("total", 8, 8, "")]
