@@ -125,7 +125,7 @@ def answer_expressions(source: str, call: ast.Call, ex: Exercise) -> dict[str, s
 
 def tag_exercise_cells(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     """Tag each exercise's check cell (``cell.metadata['exercise'] = label``) and record the
-    chapter in ``nb.metadata['memlab']``, for the grader. The check cell is the first code
+    chapter and the exercises' order in ``nb.metadata['memlab']``, for the grader. The check cell is the first code
     cell that calls the exercise's declared check. Returns ``nb`` (changed in place).
 
     Raises:
@@ -145,7 +145,8 @@ def tag_exercise_cells(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     if len(chapters) > 1:
         raise ValueError(f"checks of chapters {chapters} in one notebook")
     if chapters:
-        nb.metadata["memlab"] = {"chapter": chapters[0]}
+        # the order lets every student's rows come in the book's order, whatever they deleted
+        nb.metadata["memlab"] = {"chapter": chapters[0], "exercises": list(found)}
     return nb
 
 
@@ -196,7 +197,8 @@ def read_notebook(path: Path) -> nbformat.NotebookNode:
 
 
 def notebook_exercises(nb: nbformat.NotebookNode, path: Path) -> list[Exercise]:
-    """The exercises a notebook is graded on: every exercise of its chapter(s).
+    """The exercises a notebook is graded on: every exercise of its chapter(s), in the
+    book's order where the notebook's metadata records it.
 
     The chapter comes from the notebook's ``memlab`` metadata, else from its tagged
     cells, else from the checks it calls.
@@ -218,7 +220,10 @@ def notebook_exercises(nb: nbformat.NotebookNode, path: Path) -> list[Exercise]:
     if not chapters:
         raise GradeInputError(f"{path}: no exercise of the book in it (hand out the notebooks that "
                               "`make book-student` writes)")
-    return [ex for ex in exs.values() if ex.chapter in chapters]
+    mine = [ex for ex in exs.values() if ex.chapter in chapters]
+    order = meta.get("exercises", []) if isinstance(meta, Mapping) else []
+    rank = {label: i for i, label in enumerate(order)} if isinstance(order, list) else {}
+    return sorted(mine, key=lambda ex: rank.get(ex.label, len(rank)))
 
 
 # ----------------------------------------------------------------------------- running a notebook
@@ -252,8 +257,7 @@ def _plan(nb: nbformat.NotebookNode, exs: Sequence[Exercise]) -> list[_Plan]:
                 else:
                     plan.expressions = exprs
         plans.append(plan)
-    # rows in the notebook's order; exercises without a cell after the others
-    return sorted(plans, key=lambda p: (p.cell is None, p.cell or 0))
+    return plans
 
 
 def _capture_source(label: str, expressions: Mapping[str, str]) -> str:
