@@ -221,3 +221,17 @@ def test_graded_mode_says_only_which_part(monkeypatch):
     assert pinned.check_owned_prediction(18, 18.0).message == "correct"
     assert pinned.check_owned_prediction(None, None).message == "unanswered"
     assert al.check_pool_boundary_choice("a").message == "wrong: your answer"
+
+
+def test_exercise_declaration_refuses_bad_values():
+    def check(answer):
+        return core_checks.Feedback(None, "")
+
+    for kwargs, words in [(dict(label="alloc-x"), "label must start with 'ex-'"),
+                          (dict(chapter=5), "chapter must be 1-4"), (dict(points=0), "points must be > 0")]:
+        args = dict(label="ex-test-x", chapter=1, points=1, objective="o", section="s") | kwargs
+        with pytest.raises(ValueError, match=words):
+            core_checks.exercise(args.pop("label"), **args)(check)
+    with pytest.raises(ValueError, match="declared twice"):
+        core_checks.exercise("ex-alloc-22", chapter=1, points=1, objective="o", section="s")(check)
+    assert "ex-test-x" not in EXERCISES
