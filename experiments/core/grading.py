@@ -21,9 +21,12 @@ read, or the kernel died first), ``timeout`` (the time limit ran out before the 
 finished), and ``needs_gpu`` (an exercise that runs the student's code on a GPU, graded
 only with ``live=True``; 0 of 0 points otherwise).
 
-Why not otter-grader or nbgrader: both score with tests that run inside the executed
-notebook's namespace (which a student can change), and need their own assignment
-format (otter) or course database and exchange (nbgrader); see ``book/instructors.md``.
+Why not otter-grader (7.0) or nbgrader (0.9): both score with test code that runs in the
+student's executed kernel (where a redefined check would answer), and each needs its
+own assignment format (otter's assign notebooks and test files, whose results travel as
+pickles; nbgrader's course directory, database and exchange). otter's local grading
+runs in Docker unless told otherwise. The book already runs notebooks with nbclient,
+so the layer here is that plus scoring.
 """
 from __future__ import annotations
 
