@@ -511,3 +511,7 @@ def knobs() -> dict[str, Any]:
                           "expandable": simulate(k["ops"], _EXPANDABLE, cap_bytes=cap)["reserved_bytes"]},
         }
     return out
+
+
+# The doctor's recordings (alloc.doctor_snapshots) are registered with the chapter's experiments.
+from . import doctor_gpu  # noqa: E402,F401

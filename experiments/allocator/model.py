@@ -60,6 +60,7 @@ def parse_roundup_divisions(value: int | str | Sequence[int]) -> tuple[int, ...]
     Entry i applies to rounded sizes in [2**(20+i), 2**(21+i)) bytes; entry 0 also covers
     everything below 2 MiB and entry 15 everything above 32 GiB. This follows the parser of
     torch 2.11 (allocator-rules.md §A.2); older releases let '>' overwrite the last entry.
+    A list that starts with '>' leaves entry 0 (sizes below 2 MiB) unset.
 
     Raises:
         ValueError: a division that is not 0 or a power of two, a key that is not a power
@@ -83,7 +84,11 @@ def parse_roundup_divisions(value: int | str | Sequence[int]) -> tuple[int, ...]
         if not (text.startswith("[") and text.endswith("]")):
             return (division(text, "the division"),) * ROUNDUP_INTERVALS
         table = [0] * ROUNDUP_INTERVALS
-        first, last = True, -1
+        # '>' fills the intervals after the last listed one; with nothing listed before it,
+        # "the last one" is interval 0, which stays unset: under '[>:2]' a 2,100 B request
+        # still rounds to 2,560 B (torch 2.11 on the lab H200; c10/core/AllocatorConfig.cpp
+        # parseRoundUpPower2Divisions starts its last index at 0 and fills from last + 1).
+        first, last = True, 0
         for entry in filter(None, (e.strip() for e in text[1:-1].split(","))):
             key, sep, raw = entry.partition(":")
             if not sep:

@@ -84,6 +84,8 @@ def _convert(opt: AllocOption, raw: str) -> Any:
             return float(raw)
         except ValueError:
             raise ValueError(f"{opt.name} must be a number, got {raw!r}") from None
+    if opt.kind == "divisions" and raw.isdigit():
+        return int(raw)  # 'roundup_power2_divisions:4' is one division count for every size
     return raw
 
 
