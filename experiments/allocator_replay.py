@@ -1,0 +1,513 @@
+"""Replaying a snapshot's trace through the engine: exactly, and under other settings.
+
+:func:`replay` drives :class:`experiments.allocator_engine.Engine` with the requests of a
+trace (alloc, free_requested, free_completed) under the settings the program ran with,
+handing it the segment addresses the driver chose. After every request it checks that the
+engine made exactly the segment allocations and releases the trace shows, at that event,
+with the same addresses and sizes, that the block sits where the GPU put it, and that the
+reserved bytes agree. Where it cannot follow, it stops and says which event and why.
+
+Things a trace does not say, and how they are recovered:
+
+* ``empty_cache`` leaves no event of its own: a run of segment_free / segment_unmap events
+  that the allocator's malloc path did not make is one ``empty_cache`` (of the pools whose
+  segments it released), placed before the next request.
+* Which private pool (MemPool, CUDA graph) a request was routed to: a segment alive at the
+  end carries its ``segment_pool_id``; a request landing in a known segment belongs to its
+  pool; a new segment that the default pool would not have needed (it had a cached block
+  that fits) belongs to a private pool, which the doctor names (-1, n) when the snapshot no
+  longer lists it.
+* Blocks allocated before recording began: their segments and blocks are rebuilt from the
+  frees of unknown blocks, the releases of unknown segments and the final state.
+
+:func:`what_if` runs the same requests on a fresh engine under other settings or a cap,
+with addresses of its own; a request that failed on the GPU (an ``oom`` entry) is tried
+again, and a request that does not fit is counted and skipped (its frees too).
+"""
+from __future__ import annotations
+
+import dataclasses
+from array import array
+from bisect import bisect_right, insort
+from typing import Any, Mapping, Sequence
+
+from .allocator_engine import DEFAULT_POOL, Engine, EngineOutOfMemory
+from .allocator_model import SMALL_SIZE, AllocatorConfig, round_size
+from .allocator_trace import (ALLOC, FREE_DONE, FREE_REQ, OOM, SEG_ALLOC, SEG_FREE, SEG_MAP, SEG_UNMAP, SNAPSHOT,
+                              ACTIONS, Trace)
+
+# request kinds
+R_ALLOC, R_FREE_REQ, R_FREE_DONE, R_EMPTY, R_RETRY = range(5)
+_SEG_NAMES = {SEG_ALLOC: "segment_alloc", SEG_FREE: "segment_free", SEG_MAP: "segment_map",
+              SEG_UNMAP: "segment_unmap"}
+_CODES = {v: k for k, v in _SEG_NAMES.items()}
+
+
+@dataclasses.dataclass
+class Run:
+    """The outcome of one replay or what-if.
+
+    Attributes:
+        settings: the settings string it ran under.
+        matches_trace: every checked event agreed (replay only; None for a what-if).
+        first_mismatch: None, or a dict with event_index, action, reason, expected, got.
+        events_replayed: trace events (replay) or requests (what-if) processed.
+        allocated, reserved: bytes after each request (arrays of equal length).
+        final_* / peak_*: bytes; peak_index: the request at peak reserved.
+        oom_events: requests that did not fit; oom_requests: their (index, bytes).
+        peak_segments: the layout at peak reserved (filled by :func:`layout_at`).
+        requests: the request list (replay only) that what-ifs reuse.
+    """
+
+    settings: str
+    matches_trace: bool | None = None
+    first_mismatch: dict[str, Any] | None = None
+    events_replayed: int = 0
+    allocated: array = dataclasses.field(default_factory=lambda: array("q"))
+    reserved: array = dataclasses.field(default_factory=lambda: array("q"))
+    final_reserved_bytes: int = 0
+    final_allocated_bytes: int = 0
+    peak_reserved_bytes: int = 0
+    peak_allocated_bytes: int = 0
+    peak_index: int = 0
+    oom_events: int = 0
+    oom_requests: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+    final_segments: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    requests: list[tuple] = dataclasses.field(default_factory=list)
+    initial: list[tuple[int, int, int, tuple[int, int]]] = dataclasses.field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        """The JSON fields of the doctor's report for this run."""
+        out = {"settings": self.settings}
+        if self.matches_trace is not None:
+            out["matches_trace"] = self.matches_trace
+            out["first_mismatch"] = self.first_mismatch
+        out.update(final_reserved_bytes=self.final_reserved_bytes, final_allocated_bytes=self.final_allocated_bytes,
+                   peak_reserved_bytes=self.peak_reserved_bytes, peak_allocated_bytes=self.peak_allocated_bytes,
+                   oom_events=self.oom_events)
+        return out
+
+
+class _Mismatch(Exception):
+    def __init__(self, index: int, action: str, reason: str, expected: Any = None, got: Any = None):
+        self.info = {"event_index": index, "action": action, "reason": reason, "expected": expected, "got": got}
+        super().__init__(reason)
+
+
+def _fmt_events(evs: Sequence[tuple[Any, int, int]]) -> list[list[Any]]:
+    return [[_SEG_NAMES.get(a, a), addr, size] for a, addr, size in evs]
+
+
+class _Replayer:
+    def __init__(self, trace: Trace, cap_bytes: int | None, total_memory: int):
+        self.trace = trace
+        self.engine = Engine(trace.config, cap_bytes=cap_bytes, total_memory=total_memory)
+        self.bases: list[int] = []           # sorted segment / range bases seen by the trace
+        self.seg_end: dict[int, int] = {}
+        self.seg_pool: dict[int, tuple[int, int]] = {}
+        self.final_pool = {s["address"]: s["pool_id"] for s in trace.segments}
+        self.live: dict[int, Any] = {}       # addr -> engine block (allocated)
+        self.pending: dict[int, Any] = {}    # addr -> engine block (freed, not completed)
+        self.keys: dict[int, int] = {}       # addr -> request key
+        self.next_key = 0
+        self.requests: list[tuple] = []
+        self.trace_reserved = 0
+        self.private_context: tuple[int, int] | None = None
+        self.inferred = 0
+        self.expandable = trace.config.expandable_segments
+        self.range_size = self.engine.range_size(False) if self.expandable else 0
+
+    # -- segment bookkeeping of the trace
+    def _containing(self, addr: int) -> int | None:
+        i = bisect_right(self.bases, addr) - 1
+        if i >= 0:
+            base = self.bases[i]
+            if addr < self.seg_end[base]:
+                return base
+        return None
+
+    def _add_base(self, base: int, size: int, pool: tuple[int, int]) -> None:
+        insort(self.bases, base)
+        self.seg_end[base] = base + size
+        self.seg_pool[base] = pool
+
+    def _drop_base(self, base: int) -> None:
+        self.bases.remove(base)
+        del self.seg_end[base]
+        del self.seg_pool[base]
+
+    # -- the starting state of a late-started recording
+    def seed(self) -> list[tuple[int, int, int, tuple[int, int]]]:
+        ev = self.trace.events
+        live_segs: set[int] = set()
+        live_blocks: set[int] = set()
+        init_segs: dict[int, tuple[int, int]] = {}
+        init_blocks: dict[int, tuple[int, int]] = {}
+        for code, addr, size, stream in ev:
+            if code == SEG_ALLOC:
+                live_segs.add(addr)
+            elif code == SEG_FREE:
+                if addr not in live_segs:
+                    init_segs.setdefault(addr, (size, stream))
+                live_segs.discard(addr)
+            elif code == ALLOC:
+                live_blocks.add(addr)
+            elif code == FREE_REQ:
+                if addr not in live_blocks:
+                    init_blocks.setdefault(addr, (size, stream))
+                    live_blocks.add(addr)
+            elif code == FREE_DONE:
+                live_blocks.discard(addr)
+        final_blocks = {}
+        for s in self.trace.segments:
+            if not s["is_expandable"] and s["address"] not in live_segs and s["address"] not in init_segs:
+                init_segs[s["address"]] = (s["total_size"], s["stream"])
+            for a, size, req, state in s["blocks"]:
+                if state != "inactive" and a not in live_blocks and a not in init_blocks:
+                    final_blocks[a] = (size, req)
+        if not init_segs and not init_blocks and not final_blocks:
+            return []
+        if self.expandable and (init_blocks or final_blocks):
+            raise _Mismatch(0, "alloc", "the recording started after tensors existed and expandable segments "
+                            "were on; the doctor rebuilds the starting state only for ordinary segments")
+        seeded = []
+        cfg = self.trace.config
+        for base in sorted(init_segs):
+            size, stream = init_segs[base]
+            pool = self.final_pool.get(base, DEFAULT_POOL)
+            blocks = []
+            for a, (req, _) in init_blocks.items():
+                if base <= a < base + size:
+                    blocks.append((a, round_size(max(req, 1), cfg), req))
+            for a, (bsize, req) in final_blocks.items():
+                if base <= a < base + size:
+                    blocks.append((a, bsize, req))
+            small = size <= 2 * SMALL_SIZE and all(b[1] <= SMALL_SIZE for b in blocks)
+            made = self.engine.seed_segment(base, size, stream, pool, small, blocks)
+            self._add_base(base, size, pool)
+            self.trace_reserved += size
+            for a, blk in made.items():
+                self.live[a] = blk
+                self.keys[a] = self.next_key
+                seeded.append((self.next_key, blk.requested, stream, pool))
+                self.next_key += 1
+        return seeded
+
+    def run(self) -> Run:
+        trace, eng = self.trace, self.engine
+        run = Run(trace.settings)
+        ev = trace.events
+        n = len(ev)
+        # which segment_alloc / range survives to the end: its pool id is in the final state
+        survives = [False] * n
+        alive: set[int] = set()
+        for i in range(n - 1, -1, -1):
+            code, addr = ev[i][0], ev[i][1]
+            if code == SEG_FREE:
+                alive.add(addr)
+            elif code == SEG_ALLOC:
+                survives[i] = addr not in alive
+                alive.discard(addr)
+        buf: list[int] = []                  # indices of segment events since the last request
+        reqs = self.requests
+        alloc_a, res_a = run.allocated, run.reserved
+        i = 0
+        try:
+            run.initial = self.seed()
+            while i < n:
+                code, addr, size, stream = ev[i]
+                if code >= SEG_ALLOC and code <= SEG_UNMAP:
+                    buf.append(i)
+                    self._trace_segment(i)
+                    i += 1
+                    continue
+                if code == SNAPSHOT:
+                    i += 1
+                    continue
+                if code == ALLOC:
+                    self._alloc(i, buf, survives)
+                elif code == FREE_REQ:
+                    self._flush_empty(i, buf)
+                    blk = self.live.pop(addr, None)
+                    if blk is None:
+                        raise _Mismatch(i, "free_requested", f"free of an unknown block at {addr:#x}")
+                    eng.free_requested(blk)
+                    self.pending[addr] = blk
+                    reqs.append((R_FREE_REQ, self.keys[addr]))
+                elif code == FREE_DONE:
+                    self._flush_empty(i, buf)
+                    blk = self.pending.pop(addr, None)
+                    if blk is None:
+                        raise _Mismatch(i, "free_completed", f"completion of a free that was never requested "
+                                        f"at {addr:#x}")
+                    eng.free_completed(blk)
+                    reqs.append((R_FREE_DONE, self.keys.pop(addr)))
+                elif code == OOM:
+                    self._oom(i, buf, size, stream)
+                if eng.reserved_bytes != self.trace_reserved:
+                    raise _Mismatch(i, ACTIONS[code], "reserved bytes differ after this event",
+                                    self.trace_reserved, eng.reserved_bytes)
+                alloc_a.append(eng.allocated_bytes)
+                res_a.append(eng.reserved_bytes)
+                i += 1
+            self._flush_empty(n, buf)
+            alloc_a.append(eng.allocated_bytes)
+            res_a.append(eng.reserved_bytes)
+            self._check_final(n)
+            run.matches_trace = True
+        except _Mismatch as m:
+            run.matches_trace = False
+            run.first_mismatch = m.info
+        run.events_replayed = i
+        run.requests = reqs
+        _finish(run, eng)
+        return run
+
+    def _trace_segment(self, i: int) -> None:
+        code, addr, size, stream = self.trace.events[i]
+        if code == SEG_ALLOC:
+            self.trace_reserved += size
+        elif code == SEG_FREE:
+            self.trace_reserved -= size
+        elif code == SEG_MAP:
+            self.trace_reserved += size
+        else:
+            self.trace_reserved -= size
+
+    def _segment_pools(self, idx: Sequence[int]) -> set[tuple[int, int]]:
+        pools = set()
+        for j in idx:
+            _, addr, _, _ = self.trace.events[j]
+            base = self._containing(addr)
+            if base is not None:
+                pools.add(self.seg_pool[base])
+        return pools
+
+    def _compare(self, i: int, action: str, expected_idx: Sequence[int], got: list, ordered: bool,
+                 pool: tuple[int, int] = DEFAULT_POOL, small: bool = False) -> None:
+        ev = self.trace.events
+        expected = [(ev[j][0], ev[j][1], ev[j][2]) for j in expected_idx]
+        got_c = [(_CODES[a], addr, size) for a, addr, size in got]
+        if (expected != got_c) if ordered else (sorted(expected) != sorted(got_c)):
+            raise _Mismatch(i, action, "the segment events differ",
+                            _fmt_events([(_SEG_NAMES[c], a, s) for c, a, s in expected]), _fmt_events(got))
+        # keep the trace's segment table in step, in event order
+        for c, addr, size in expected:
+            if c == SEG_FREE:
+                self._drop_base(addr)
+            elif c == SEG_ALLOC:
+                self._add_base(addr, size, pool)
+            elif c == SEG_MAP and self._containing(addr) is None:
+                self._add_base(addr, self.engine.range_size(small), pool)
+
+    def _flush_empty(self, i: int, buf: list[int]) -> None:
+        if not buf:
+            return
+        ev = self.trace.events
+        if any(ev[j][0] in (SEG_ALLOC, SEG_MAP) for j in buf):
+            raise _Mismatch(buf[0], _SEG_NAMES[ev[buf[0]][0]], "a segment was created without an allocation "
+                            "that needed it")
+        pools = self._segment_pools(buf)
+        self.engine.empty_cache(pools)
+        self.requests.append((R_EMPTY, tuple(sorted(pools))))
+        self._compare(buf[0], "empty_cache (inferred)", buf, self.engine.events, ordered=False)
+        self._drop_ranges()
+        buf.clear()
+
+    def _drop_ranges(self) -> None:
+        if self.expandable:
+            live = {s.addr for s in self.engine._segments.values()}
+            for base in [b for b in self.bases if b not in live]:
+                self._drop_base(base)
+
+    def _alloc(self, i: int, buf: list[int], survives: list[bool]) -> None:
+        eng, ev = self.engine, self.trace.events
+        _, addr, size, stream = ev[i]
+        creates = [j for j in buf if ev[j][0] in (SEG_ALLOC, SEG_MAP)]
+        # which pool: the segment the block landed in, or for a new segment the final state / the default
+        small = eng.round(size) <= SMALL_SIZE
+        pool = DEFAULT_POOL
+        region = None
+        for j in creates:
+            c, a, s, _ = ev[j]
+            if c == SEG_ALLOC and a <= addr < a + s:
+                region = (j, a, a + s)
+            elif c == SEG_MAP and self._containing(a) is None:
+                region = (j, a, a + eng.range_size(small))
+        if region is not None:
+            j, lo, hi = region
+            known = None
+            if ev[j][0] == SEG_ALLOC:
+                if survives[j] and lo in self.final_pool:
+                    known = self.final_pool[lo]
+            else:
+                known = next((s["pool_id"] for s in self.trace.segments
+                              if s["is_expandable"] and lo <= s["address"] < hi), None)
+            ctx = self.private_context
+            if known is not None:
+                pool = known
+            elif self._could_serve(DEFAULT_POOL, size, stream, small, ev[j][0]):
+                # the default pool would not have needed a new segment: a private pool did, and
+                # not the last one either if that one could have served it
+                if ctx is None or self._could_serve(ctx, size, stream, small, ev[j][0]):
+                    self.inferred += 1
+                    ctx = (-1, self.inferred)
+                pool = ctx
+            elif ctx is not None and not self._could_serve(ctx, size, stream, small, ev[j][0]):
+                pool = ctx
+        else:
+            base = self._containing(addr)
+            if base is not None:
+                pool = self.seg_pool[base]
+        self.private_context = pool if pool != DEFAULT_POOL else (None if region is None else self.private_context)
+        # an empty_cache before this request, unless the malloc path itself releases
+        frees = [j for j in buf if ev[j][0] in (SEG_FREE, SEG_UNMAP)]
+        if frees and not eng.would_fail_alloc_block(size, stream, pool):
+            first_create = min(creates) if creates else None
+            pre = [j for j in buf if j in frees and (first_create is None or j < first_create)]
+            rest = [j for j in buf if j not in pre]
+            buf[:] = pre
+            self._flush_empty(i, buf)
+            buf[:] = rest
+        try:
+            eng._addresses.clear()
+            for j in buf:
+                c, a, s, _ = ev[j]
+                if c == SEG_ALLOC or (c == SEG_MAP and self._containing(a) is None):
+                    eng._addresses.append(a)
+            blk = eng.malloc(size, stream, pool)
+        except EngineOutOfMemory:
+            raise _Mismatch(i, "alloc", "the model ran out of memory where the GPU did not "
+                            "(a memory cap the snapshot does not record? pass --cap)") from None
+        self._compare(i, "alloc", buf, eng.events, ordered=True, pool=pool,
+                      small=eng.round(size) <= SMALL_SIZE)
+        self._drop_ranges()
+        buf.clear()
+        if blk.addr != addr:
+            raise _Mismatch(i, "alloc", "the block is not where the GPU put it", addr, blk.addr)
+        self.live[addr] = blk
+        self.keys[addr] = self.next_key
+        self.requests.append((R_ALLOC, self.next_key, size, stream, pool))
+        self.next_key += 1
+
+    def _could_serve(self, pool: tuple[int, int], size: int, stream: int, small: bool, code: int) -> bool:
+        if self.engine.has_free_block(size, stream, pool):
+            return True
+        return code == SEG_MAP and bool(self.engine._ranges.get((pool, small, stream)))
+
+    def _final_pool_near(self, addr: int) -> tuple[int, int]:
+        for s in self.trace.segments:
+            if s["is_expandable"] and abs(s["address"] - addr) < self.range_size:
+                return s["pool_id"]
+        return DEFAULT_POOL
+
+    def _oom(self, i: int, buf: list[int], size: int, stream: int) -> None:
+        eng = self.engine
+        try:
+            eng.malloc(size, stream, self.private_context or DEFAULT_POOL)
+        except EngineOutOfMemory:
+            self._compare(i, "oom", buf, eng.events, ordered=True)
+            self._drop_ranges()
+            buf.clear()
+            self.requests.append((R_RETRY, size, stream, self.private_context or DEFAULT_POOL))
+            return
+        raise _Mismatch(i, "oom", "the GPU ran out of memory here but the model did not "
+                        "(the cap is unknown: pass --cap BYTES)")
+
+    def _check_final(self, n: int) -> None:
+        got = [(s["address"], s["total_size"], [(b["address"], b["size"], b["state"]) for b in s["blocks"]])
+               for s in self.engine.segments()]
+        want = [(s["address"], s["total_size"],
+                 [(a, size, "inactive" if st == "inactive" else "active_allocated") for a, size, _, st in s["blocks"]])
+                for s in sorted(self.trace.segments, key=lambda s: s["address"])]
+        pending = set(self.pending)
+        got = [(a, t, [(ba, bs, "active_allocated" if ba in pending else st) for ba, bs, st in bl])
+               for a, t, bl in got]
+        if got != want:
+            for g, w in zip(got + [None] * len(want), want + [None] * len(got)):
+                if g != w:
+                    raise _Mismatch(n, "end", "the final layout differs from the snapshot's segments", w, g)
+
+
+def _finish(run: Run, eng: Engine) -> None:
+    run.final_allocated_bytes = eng.allocated_bytes
+    run.final_reserved_bytes = eng.reserved_bytes
+    if len(run.reserved):
+        peak = max(run.reserved)
+        run.peak_reserved_bytes = peak
+        run.peak_index = run.reserved.index(peak)
+        run.peak_allocated_bytes = max(run.allocated)
+    run.oom_events = len(run.oom_requests) + getattr(run, "_trace_ooms", 0)
+    run.final_segments = eng.segments()
+
+
+def replay(trace: Trace, *, cap_bytes: int | None = None, total_memory: int | None = None) -> Run:
+    """Replay ``trace`` under the settings it was recorded with; check it event by event.
+
+    Args:
+        cap_bytes: the memory cap the program ran under (default: the snapshot's own
+            ``memory_cap_bytes`` if it has one, else none).
+        total_memory: device memory in bytes (expandable range size; default the snapshot's,
+            else the lab H200's).
+
+    Returns:
+        a :class:`Run` whose ``matches_trace`` says whether every segment event, block address
+        and reserved-bytes value agreed, and ``first_mismatch`` where not.
+    """
+    cap = cap_bytes if cap_bytes is not None else trace.cap_bytes
+    total = total_memory or trace.total_memory or 150_109_880_320
+    r = _Replayer(trace, cap, total)
+    run = r.run()
+    run.oom_events = sum(1 for e in trace.events if e[0] == OOM)
+    return run
+
+
+def what_if(base: Run, config: AllocatorConfig, settings: str, *, cap_bytes: int | None = None,
+            total_memory: int = 150_109_880_320, stop_at: int | None = None) -> tuple[Run, Engine]:
+    """Run the requests of a replay under ``config`` (and ``cap_bytes``) on a fresh engine.
+
+    Returns:
+        (the Run, the engine after the last request processed; ``stop_at`` stops after that
+        many requests, e.g. to read the layout at the peak).
+    """
+    eng = Engine(config, cap_bytes=cap_bytes, total_memory=total_memory)
+    run = Run(settings)
+    blocks: dict[int, Any] = {}
+    for key, req, stream, pool in base.initial:
+        try:
+            blocks[key] = eng.malloc(max(req, 1), stream, pool)
+        except EngineOutOfMemory:
+            run.oom_requests.append((-1, req))
+    malloc, free_req, free_done, empty = eng.malloc, eng.free_requested, eng.free_completed, eng.empty_cache
+    alloc_a, res_a = run.allocated, run.reserved
+    for k, r in enumerate(base.requests):
+        if stop_at is not None and k >= stop_at:
+            break
+        kind = r[0]
+        if kind == R_ALLOC:
+            try:
+                blocks[r[1]] = malloc(r[2], r[3], r[4])
+            except EngineOutOfMemory:
+                run.oom_requests.append((k, r[2]))
+        elif kind == R_FREE_REQ:
+            b = blocks.get(r[1])
+            if b is not None:
+                free_req(b)
+        elif kind == R_FREE_DONE:
+            b = blocks.pop(r[1], None)
+            if b is not None:
+                free_done(b)
+        elif kind == R_EMPTY:
+            empty(r[1])
+        else:  # a request that failed on the GPU: try it, and drop it at once if it fits
+            try:
+                b = malloc(r[1], r[2], r[3])
+                free_req(b)
+                free_done(b)
+            except EngineOutOfMemory:
+                run.oom_requests.append((k, r[1]))
+        alloc_a.append(eng.allocated_bytes)
+        res_a.append(eng.reserved_bytes)
+    run.events_replayed = len(alloc_a)
+    _finish(run, eng)
+    return run, eng

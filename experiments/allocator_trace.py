@@ -1,0 +1,238 @@
+"""Reading a memory snapshot's trace for the allocator doctor, without running any code.
+
+A snapshot is what ``torch.cuda.memory._snapshot()`` returns (or what
+``torch.cuda.memory._dump_snapshot(path)`` pickles): ``segments`` (the state at the end),
+``device_traces`` (per device, the events since ``_record_memory_history`` was turned on)
+and ``allocator_settings``. The doctor also reads its own compact JSON form
+(:func:`experiments.allocator_doctor_gpu.compact_snapshot`) and a recorded run of
+``alloc.doctor_snapshots``.
+
+:func:`load` opens a file with a restricted unpickler that accepts only the plain types a
+snapshot is made of (dict, list, tuple, str, bytes, int, float, bool, None): any pickle that
+names a class or function is refused before anything in it runs.
+
+Trace format: allocator-rules.md §E.2 and ``torch/cuda/_memory_viz.py`` (``trace``,
+``segsum``): each entry has action (alloc, free_requested, free_completed, segment_alloc,
+segment_free, segment_map, segment_unmap, snapshot, oom), addr (device_free for oom), size
+(the unrounded request for alloc/free_*; bytes for segment_*) and stream.
+"""
+from __future__ import annotations
+
+import base64
+import dataclasses
+import io
+import json
+import pickle
+import zlib
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from .allocator_model import (LARGE_BUFFER, MiB, ROUNDUP_INTERVALS, AllocatorConfig)
+
+# Event codes: small ints keep the replay loop fast.
+ALLOC, FREE_REQ, FREE_DONE, SEG_ALLOC, SEG_FREE, SEG_MAP, SEG_UNMAP, SNAPSHOT, OOM = range(9)
+ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
+           "segment_unmap", "snapshot", "oom")
+_CODE = {a: i for i, a in enumerate(ACTIONS)}
+IGNORED_ACTIONS = ("annotate", "user_defined")   # markers that do not touch memory
+
+
+class SnapshotError(ValueError):
+    """The input is not a memory snapshot the doctor can read (the message says why)."""
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Unpickles only built-in containers and scalars; every global is refused."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise SnapshotError(f"refusing to load {module}.{name} from the pickle: a memory snapshot holds only "
+                            "dicts, lists, strings and numbers (is this file really from _dump_snapshot?)")
+
+
+def load(source: str | Path | bytes | Mapping[str, Any]) -> dict[str, Any]:
+    """A snapshot dict from a path (a ``_dump_snapshot`` pickle or a JSON file), bytes, or a dict.
+
+    Raises:
+        SnapshotError: the file is missing, truncated, not a pickle or JSON, holds anything but
+            plain data, or is not a snapshot.
+    """
+    if isinstance(source, Mapping):
+        data: Any = source
+    else:
+        if isinstance(source, (str, Path)):
+            try:
+                raw = Path(source).read_bytes()
+            except OSError as e:
+                raise SnapshotError(f"cannot read {source}: {e.strerror or e}") from None
+            name = str(source)
+        elif isinstance(source, bytes):
+            raw, name = source, "the bytes given"
+        else:
+            raise SnapshotError(f"a snapshot is a path, bytes or a dict, got {type(source).__name__}")
+        if raw[:1] in (b"{", b"["):
+            try:
+                data = json.loads(raw)
+            except ValueError as e:
+                raise SnapshotError(f"{name} is not valid JSON ({e})") from None
+        else:
+            try:
+                data = _PlainUnpickler(io.BytesIO(raw)).load()
+            except SnapshotError:
+                raise
+            except (EOFError, pickle.UnpicklingError, ValueError, TypeError, IndexError, KeyError,
+                    OverflowError, MemoryError) as e:
+                raise SnapshotError(f"{name} is not a complete memory snapshot pickle "
+                                    f"({type(e).__name__}: {e or 'truncated'})") from None
+    if isinstance(data, Mapping) and "snapshot" in data and isinstance(data["snapshot"], Mapping):
+        run = data
+        data = dict(data["snapshot"])
+        data.setdefault("recorded_settings", run.get("settings"))
+    if not isinstance(data, Mapping) or not ("segments" in data and ("device_traces" in data or "trace_z" in data)):
+        raise SnapshotError("not a memory snapshot: expected a dict with 'segments' and 'device_traces' "
+                            "(torch.cuda.memory._snapshot() with _record_memory_history on)")
+    return dict(data)
+
+
+@dataclasses.dataclass
+class Trace:
+    """One device's trace, normalised.
+
+    Attributes:
+        events: tuples (code, addr, size, stream), code one of ALLOC ... OOM; for OOM the
+            addr is device_free.
+        segments: the final state: dicts with address, total_size, stream, pool ('small' or
+            'large'), pool_id (tuple), is_expandable and blocks [(address, size, requested, state)].
+        settings: the ``PYTORCH_CUDA_ALLOC_CONF`` string the program ran with ('' for defaults).
+        config: those settings as an AllocatorConfig.
+        total_memory: the device's memory in bytes if the snapshot says (None otherwise).
+        cap_bytes: the memory cap if the snapshot says (None otherwise).
+        skipped: how many entries of ignored kinds (annotations) were dropped.
+    """
+
+    events: list[tuple[int, int, int, int]]
+    segments: list[dict[str, Any]]
+    settings: str
+    config: AllocatorConfig
+    total_memory: int | None = None
+    cap_bytes: int | None = None
+    skipped: int = 0
+
+
+def config_from_snapshot(settings: Mapping[str, Any] | None) -> tuple[str, AllocatorConfig]:
+    """(settings string, AllocatorConfig) from a snapshot's ``allocator_settings`` dict.
+
+    The dict (torch 2.1+) holds the parsed values: max_split_size (-1 = unlimited),
+    garbage_collection_threshold, expandable_segments, roundup_power2_divisions keyed by
+    the MiB boundary of each interval ('1', '2', ... '32768'), and the raw
+    PYTORCH_CUDA_ALLOC_CONF string; options the dict lacks (large_segment_size_mb,
+    max_non_split_rounding_mb) are read from that string.
+
+    Raises:
+        SnapshotError: values the allocator would not accept.
+    """
+    if not settings:
+        return "", AllocatorConfig()
+    text = str(settings.get("PYTORCH_CUDA_ALLOC_CONF") or "")
+    try:
+        kw: dict[str, Any] = {}
+        mss = settings.get("max_split_size", -1)
+        if isinstance(mss, int) and 0 < mss < (1 << 62):
+            kw["max_split_size"] = int(mss)
+        gc = float(settings.get("garbage_collection_threshold", 0) or 0)
+        if gc:
+            kw["garbage_collection_threshold"] = gc
+        kw["expandable_segments"] = bool(settings.get("expandable_segments", False))
+        rd = settings.get("roundup_power2_divisions")
+        if isinstance(rd, Mapping) and rd:
+            table = [0] * ROUNDUP_INTERVALS
+            for k, v in rd.items():
+                idx = min(int(k).bit_length() - 1, ROUNDUP_INTERVALS - 1)
+                table[idx] = int(v)
+            kw["roundup_divisions"] = tuple(table)
+        if text:
+            from .alloc_conf import parse
+
+            extra = parse(text)
+            if "large_segment_size_mb" in extra:
+                kw["large_segment_size"] = int(extra["large_segment_size_mb"]) * MiB
+            if "max_non_split_rounding_mb" in extra:
+                kw["max_non_split_rounding"] = int(extra["max_non_split_rounding_mb"]) * MiB
+        return text, AllocatorConfig(**kw)
+    except (TypeError, ValueError) as e:
+        raise SnapshotError(f"the snapshot's allocator_settings are not valid: {e}") from None
+
+
+def _trace_rows(snap: Mapping[str, Any], device: int) -> list[Sequence[Any]]:
+    if "trace_z" in snap:
+        try:
+            text = zlib.decompress(base64.b64decode(snap["trace_z"])).decode()
+        except (ValueError, zlib.error) as e:
+            raise SnapshotError(f"the compact trace is damaged ({e})") from None
+        return [line.split(" ") for line in text.split("\n")] if text else []
+    traces = snap.get("device_traces")
+    if not isinstance(traces, Sequence) or isinstance(traces, (str, bytes)):
+        raise SnapshotError("device_traces must be a list (one trace per device)")
+    if device >= len(traces):
+        if device == 0:
+            return []
+        raise SnapshotError(f"device must be below {len(traces)} (the devices in the trace), got {device}")
+    out = []
+    for e in traces[device]:
+        if not isinstance(e, Mapping) or "action" not in e:
+            raise SnapshotError("each trace entry must be a dict with an 'action'")
+        a = e["action"]
+        out.append((a, e.get("device_free", 0) if a == "oom" else e.get("addr", 0), e.get("size", 0),
+                    e.get("stream", 0)))
+    return out
+
+
+def read(source: str | Path | bytes | Mapping[str, Any], device: int = 0) -> Trace:
+    """Load a snapshot (see :func:`load`) and normalise one device's trace.
+
+    Raises:
+        SnapshotError: not a snapshot, an entry of an unknown action, or non-numeric fields.
+    """
+    if isinstance(device, bool) or not isinstance(device, int) or device < 0:
+        raise SnapshotError(f"device must be a device index >= 0, got {device!r}")
+    snap = load(source)
+    events, skipped = [], 0
+    for i, row in enumerate(_trace_rows(snap, device)):
+        code = _CODE.get(row[0])
+        if code is None:
+            if row[0] in IGNORED_ACTIONS:
+                skipped += 1
+                continue
+            raise SnapshotError(f"trace entry {i}: unknown action {row[0]!r} (known: {', '.join(ACTIONS)})")
+        try:
+            events.append((code, int(row[1]), int(row[2]), int(row[3])))
+        except (TypeError, ValueError):
+            raise SnapshotError(f"trace entry {i}: addr, size and stream must be integers, got {row[1:]!r}") from None
+    segments = []
+    raw_segments = snap.get("segments")
+    if not isinstance(raw_segments, Sequence):
+        raise SnapshotError("'segments' must be a list")
+    for s in raw_segments:
+        if not isinstance(s, Mapping) or "address" not in s or "blocks" not in s:
+            raise SnapshotError("each segment needs 'address', 'total_size' and 'blocks'")
+        if int(s.get("device", device)) != device:
+            continue
+        blocks = []
+        for b in s["blocks"]:
+            if isinstance(b, Mapping):
+                blocks.append((int(b["address"]), int(b["size"]), int(b.get("requested_size", 0)), str(b["state"])))
+            else:
+                blocks.append((int(b[0]), int(b[1]), int(b[2]), str(b[3])))
+        pid = s.get("segment_pool_id") or (0, 0)
+        segments.append({"address": int(s["address"]), "total_size": int(s["total_size"]),
+                         "stream": int(s.get("stream", 0)), "pool": s.get("segment_type", "large"),
+                         "pool_id": (int(pid[0]), int(pid[1])), "is_expandable": bool(s.get("is_expandable")),
+                         "blocks": sorted(blocks)})
+    text, config = config_from_snapshot(snap.get("allocator_settings"))
+    if not text and snap.get("recorded_settings"):
+        text = str(snap["recorded_settings"])
+    total = snap.get("device_total_bytes")
+    cap = snap.get("memory_cap_bytes")
+    return Trace(events, segments, text, config, int(total) if total else None, int(cap) if cap else None, skipped)
+
+
+__all__ = ["ACTIONS", "SnapshotError", "Trace", "config_from_snapshot", "load", "read", "LARGE_BUFFER"]
