@@ -4,7 +4,7 @@ A snapshot is what ``torch.cuda.memory._snapshot()`` returns (or what
 ``torch.cuda.memory._dump_snapshot(path)`` pickles): ``segments`` (the state at the end),
 ``device_traces`` (per device, the events since ``_record_memory_history`` was turned on)
 and ``allocator_settings``. The doctor also reads its own compact JSON form
-(:func:`experiments.allocator_doctor_gpu.compact_snapshot`) and a recorded run of
+(:func:`experiments.allocator.doctor_gpu.compact_snapshot`) and a recorded run of
 ``alloc.doctor_snapshots``.
 
 :func:`load` opens a file with a restricted unpickler that accepts only the plain types a
@@ -27,7 +27,7 @@ import zlib
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from .allocator_model import (LARGE_BUFFER, MiB, ROUNDUP_INTERVALS, AllocatorConfig)
+from .model import (LARGE_BUFFER, MiB, ROUNDUP_INTERVALS, AllocatorConfig)
 
 # Event codes: small ints keep the replay loop fast.
 ALLOC, FREE_REQ, FREE_DONE, SEG_ALLOC, SEG_FREE, SEG_MAP, SEG_UNMAP, SNAPSHOT, OOM = range(9)
@@ -150,7 +150,7 @@ def config_from_snapshot(settings: Mapping[str, Any] | None) -> tuple[str, Alloc
                 table[idx] = int(v)
             kw["roundup_divisions"] = tuple(table)
         if text:
-            from .alloc_conf import parse
+            from ..core.alloc_conf import parse
 
             extra = parse(text)
             if "large_segment_size_mb" in extra:

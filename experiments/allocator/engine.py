@@ -1,6 +1,6 @@
 """The caching allocator of one device with streams, private pools, a cap and expandable segments.
 
-This is the engine of the allocator doctor (:mod:`experiments.allocator_doctor`). It follows
+This is the engine of the allocator doctor (:mod:`experiments.allocator.doctor`). It follows
 ``c10/cuda/CUDACachingAllocator.cpp`` (torch 2.11) as written down in allocator-rules.md:
 
 * a block belongs to the stream it was allocated on; free blocks are kept per (pool, stream)
@@ -18,7 +18,7 @@ This is the engine of the allocator doctor (:mod:`experiments.allocator_doctor`)
   ``ceil(1.125 × device memory / page)`` pages, and a new range opens when a request does not
   fit in the existing ones (§C; ``ExpandableSegment`` in the torch source).
 
-Sizes, rounding and the settings parser come from :mod:`experiments.allocator_model`.
+Sizes, rounding and the settings parser come from :mod:`experiments.allocator.model`.
 Segment addresses are the driver's choice: give the engine the addresses a trace recorded
 (``addresses``) to reproduce a run block for block; otherwise a top-down first-fit address
 space stands in for the driver. Sizes are in bytes.
@@ -29,7 +29,7 @@ from bisect import bisect_left, insort
 from collections import deque
 from typing import Any, Iterable
 
-from .allocator_model import (DEFAULT, LARGE_BUFFER, MIN_BLOCK_SIZE, SMALL_BUFFER, SMALL_SIZE, AllocatorConfig,
+from .model import (DEFAULT, LARGE_BUFFER, MIN_BLOCK_SIZE, SMALL_BUFFER, SMALL_SIZE, AllocatorConfig,
                               allocation_size, round_size)
 
 H200_TOTAL_MEMORY = 150_109_880_320   # totalGlobalMem of the lab H200 (allocator-rules.md §I)
@@ -127,7 +127,7 @@ class Engine:
     """The caching allocator of one device.
 
     Args:
-        config: allocator settings (:class:`experiments.allocator_model.AllocatorConfig`).
+        config: allocator settings (:class:`experiments.allocator.model.AllocatorConfig`).
         cap_bytes: memory cap in bytes (``fraction × total memory``), or None.
         total_memory: the device's memory in bytes; sets the expandable range size
             (default: the lab H200's 150,109,880,320 B).

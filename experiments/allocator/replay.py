@@ -1,6 +1,6 @@
 """Replaying a snapshot's trace through the engine: exactly, and under other settings.
 
-:func:`replay` drives :class:`experiments.allocator_engine.Engine` with the requests of a
+:func:`replay` drives :class:`experiments.allocator.engine.Engine` with the requests of a
 trace (alloc, free_requested, free_completed) under the settings the program ran with,
 handing it the segment addresses the driver chose. After every request it checks that the
 engine made exactly the segment allocations and releases the trace shows, at that event,
@@ -31,9 +31,9 @@ from array import array
 from bisect import bisect_right, insort
 from typing import Any, Mapping, Sequence
 
-from .allocator_engine import DEFAULT_POOL, Engine, EngineOutOfMemory
-from .allocator_model import SMALL_SIZE, AllocatorConfig, round_size
-from .allocator_trace import (ALLOC, FREE_DONE, FREE_REQ, OOM, SEG_ALLOC, SEG_FREE, SEG_MAP, SEG_UNMAP, SNAPSHOT,
+from .engine import DEFAULT_POOL, Engine, EngineOutOfMemory
+from .model import SMALL_SIZE, AllocatorConfig, round_size
+from .trace import (ALLOC, FREE_DONE, FREE_REQ, OOM, SEG_ALLOC, SEG_FREE, SEG_MAP, SEG_UNMAP, SNAPSHOT,
                               ACTIONS, Trace)
 
 # request kinds
