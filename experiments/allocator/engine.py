@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections import deque
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from .model import (DEFAULT, LARGE_BUFFER, MIN_BLOCK_SIZE, SMALL_BUFFER, SMALL_SIZE, AllocatorConfig,
                               allocation_size, round_size)
@@ -165,6 +165,8 @@ class Engine:
         self._gc_calls = 0                              # get_free_block calls on the default large pool
         self._round: dict[int, int] = {}
         self._large_page = config.large_segment_size
+        # Called for the base of each new segment or range; returning None lets the engine choose.
+        self.address_hook: Callable[[], int | None] | None = None
 
     # ------------------------------------------------------------------ public operations
 
@@ -420,6 +422,10 @@ class Engine:
         return block
 
     def _next_address(self, size: int) -> int:
+        if self.address_hook is not None:
+            addr = self.address_hook()
+            if addr is not None:
+                return addr
         if self._addresses:
             return self._addresses.popleft()
         return self._space.take(size)

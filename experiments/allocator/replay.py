@@ -57,6 +57,8 @@ class Run:
         oom_events: requests that did not fit; oom_requests: their (index, bytes).
         peak_segments: the layout at peak reserved (filled by :func:`layout_at`).
         requests: the request list (replay only) that what-ifs reuse.
+        initial: the blocks rebuilt for a late-started recording, (key, requested, stream, pool).
+        marks: (trace index, allocated, reserved) at each 'snapshot' entry (replay only).
     """
 
     settings: str
@@ -75,6 +77,7 @@ class Run:
     final_segments: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     requests: list[tuple] = dataclasses.field(default_factory=list)
     initial: list[tuple[int, int, int, tuple[int, int]]] = dataclasses.field(default_factory=list)
+    marks: list[tuple[int, int, int]] = dataclasses.field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
         """The JSON fields of the doctor's report for this run."""
@@ -222,6 +225,9 @@ class _Replayer:
                     i += 1
                     continue
                 if code == SNAPSHOT:
+                    # _snapshot() runs between requests: releases before it were an empty_cache
+                    self._flush_empty(i, buf)
+                    run.marks.append((i, eng.allocated_bytes, eng.reserved_bytes))
                     i += 1
                     continue
                 if code == ALLOC:
@@ -369,12 +375,17 @@ class _Replayer:
             buf[:] = pre
             self._flush_empty(i, buf)
             buf[:] = rest
+        expected = [ev[j] for j in buf]
+
+        def address() -> int | None:
+            # the engine is about to emit its next segment event: take the GPU's address for it
+            k = len(eng.events)
+            if k < len(expected) and expected[k][0] in (SEG_ALLOC, SEG_MAP):
+                return expected[k][1]
+            return None
+
+        eng.address_hook = address
         try:
-            eng._addresses.clear()
-            for j in buf:
-                c, a, s, _ = ev[j]
-                if c == SEG_ALLOC or (c == SEG_MAP and self._containing(a) is None):
-                    eng._addresses.append(a)
             blk = eng.malloc(size, stream, pool)
         except EngineOutOfMemory:
             raise _Mismatch(i, "alloc", "the model ran out of memory where the GPU did not "
@@ -403,6 +414,7 @@ class _Replayer:
 
     def _oom(self, i: int, buf: list[int], size: int, stream: int) -> None:
         eng = self.engine
+        eng.address_hook = None
         try:
             eng.malloc(size, stream, self.private_context or DEFAULT_POOL)
         except EngineOutOfMemory:

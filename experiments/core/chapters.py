@@ -28,6 +28,21 @@ CHAPTERS: tuple[Chapter, ...] = (
 NUMBERS: tuple[int, ...] = tuple(c.number for c in CHAPTERS)
 
 
+@dataclasses.dataclass(frozen=True)
+class Command:
+    """A command-line subcommand that a chapter provides: ``experiments.<module>`` has
+    ``add_parser(subparsers)``, imported only when the command is used (core imports no chapter)."""
+
+    name: str
+    module: str
+    help: str
+
+
+COMMANDS: tuple[Command, ...] = (
+    Command("doctor", "allocator.doctor", "replay a memory snapshot exactly and compare allocator settings"),
+)
+
+
 class ChapterImportError(ImportError):
     """A chapter module failed to import; the message names the chapter and the reason."""
 

@@ -1,13 +1,15 @@
-"""Command line: python -m experiments {record,list,claims,grade}
+"""Command line: python -m experiments {record,list,claims,grade,doctor}
 
 record   run experiments on this GPU and write their recorded results
 list     experiments, their chapters, and the GPUs with recorded results
 claims   evaluate the posts' claims (live on a GPU, or --recorded) as text or --json
 grade    run and score students' notebooks into a CSV (or --json)
+doctor   replay a memory snapshot exactly and compare allocator settings (chapter 1)
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -85,10 +87,25 @@ def cmd_grade(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m experiments", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line and exit status 2 (argparse would print the usage first)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        print(f"error: {self.prog}: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m experiments", description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
+    # Chapter commands (chapters.COMMANDS): the chapter's module is imported only when its
+    # command is the one being run; otherwise a placeholder keeps it in --help.
+    for cmd in chapters.COMMANDS:
+        if argv and argv[0] == cmd.name:
+            importlib.import_module(f"experiments.{cmd.module}").add_parser(sub)
+        else:
+            sub.add_parser(cmd.name, help=cmd.help)
 
     rec = sub.add_parser("record", help="run experiments on this GPU and write recorded results")
     rec.add_argument("--chapter", type=int, choices=chapters.NUMBERS,
@@ -125,7 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(argv).parse_args(argv)
     try:
         return args.func(args)
     except (ValueError, LookupError, RuntimeError, OSError) as e:

@@ -1,0 +1,230 @@
+"""The allocator doctor: a reader's memory snapshot, replayed exactly, and "what if?" answered.
+
+``doctor(snapshot, what_if=["expandable_segments:True", ...])`` reads a snapshot
+(``torch.cuda.memory._dump_snapshot`` pickle, its dict, or the book's compact JSON), replays
+its trace under the settings it was recorded with (:func:`experiments.allocator.replay.replay`
+checks every segment event, block address and reserved-bytes value against the trace),
+then runs the same requests under each what-if setting and cap. The report says what was
+reserved but not usable at the peak and which live blocks pinned those segments, and puts
+the settings side by side; in a notebook it also draws reserved and allocated bytes over the
+trace for every setting on one axis, and the segment map at the peak.
+
+The command line is ``python -m experiments doctor SNAPSHOT [--what-if SETTINGS ...]
+[--cap BYTES | --cap-fraction F] [--json]`` (:func:`main`).
+
+Sources: ``c10/cuda/CUDACachingAllocator.cpp`` (via allocator-rules.md), the snapshot
+format of ``torch/cuda/memory.py`` / ``torch/cuda/_memory_viz.py``, and
+https://docs.pytorch.org/docs/stable/torch_cuda_memory.html (how to record a snapshot).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from typing import Any, Mapping, Sequence
+
+from .engine import H200_TOTAL_MEMORY
+from .model import AllocatorConfig, format_bytes
+from .replay import Run, replay, what_if as _what_if
+from .trace import SnapshotError, Trace, read
+
+
+def _config(settings: str) -> AllocatorConfig:
+    try:
+        return AllocatorConfig.from_settings(settings or None)
+    except ValueError as e:
+        raise ValueError(f"what-if settings {settings!r}: {e}") from None
+
+
+def _layout_stats(segments: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    free = [b["size"] for s in segments for b in s["blocks"] if b["state"] == "inactive"]
+    total_free = sum(free)
+    return {"reserved_unallocated_bytes": total_free,
+            "largest_free_bytes": max(free, default=0),
+            "fragmentation": 0.0 if not total_free else 1.0 - max(free) / total_free}
+
+
+def _pinning(segments: Sequence[Mapping[str, Any]], top: int = 5) -> list[dict[str, Any]]:
+    """Segments that hold free bytes but cannot be released: live blocks pin them."""
+    rows = []
+    for s in segments:
+        live = [b for b in s["blocks"] if b["state"] != "inactive"]
+        free = sum(b["size"] for b in s["blocks"] if b["state"] == "inactive")
+        if live and free:
+            rows.append({"address": s["address"], "segment_bytes": s["total_size"], "pool": s["pool"],
+                         "pool_id": s.get("pool_id"), "expandable": s.get("is_expandable", False),
+                         "free_bytes": free,
+                         "live_blocks": [{"size": b["size"], "requested_size": b["requested_size"]} for b in live]})
+    rows.sort(key=lambda r: -r["free_bytes"])
+    return rows[:top]
+
+
+@dataclasses.dataclass
+class Report:
+    """What :func:`doctor` found. ``to_json()`` is the CLI's ``--json`` object; ``text()`` the report."""
+
+    trace: Trace
+    replay: Run
+    what_ifs: list[Run]
+    peak_layouts: dict[str, list[dict[str, Any]]]
+    cap_bytes: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"trace_events", "settings", "replay": {...}, "what_if": [...]}`` (issue 11's format)."""
+        return {"trace_events": len(self.trace.events), "settings": self.trace.settings,
+                "replay": self.replay.summary(),
+                "what_if": [w.summary() for w in self.what_ifs]}
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per setting (recorded first): the figures and the fragmentation at the peak."""
+        out = []
+        for label, run in [("recorded: " + (self.trace.settings or "defaults"), self.replay)] + \
+                [(w.settings or "defaults", w) for w in self.what_ifs]:
+            stats = _layout_stats(self.peak_layouts.get(run.settings + ("#r" if run is self.replay else ""), []))
+            out.append({"label": label, **run.summary(), **{f"peak_{k}": v for k, v in stats.items()}})
+        return out
+
+    def text(self) -> str:
+        """The short report: replay verdict, what is reserved but unusable at the peak, what-ifs."""
+        t, r = self.trace, self.replay
+        lines = [f"snapshot: {len(t.events):,} trace events; settings: {t.settings or 'defaults'}"
+                 + (f"; cap {format_bytes(self.cap_bytes)}" if self.cap_bytes else "")]
+        if r.matches_trace:
+            lines.append("replay: matches the trace exactly (every segment event, block address and reserved byte)")
+        else:
+            m = r.first_mismatch or {}
+            lines.append(f"replay: stops at trace event {m.get('event_index')} ({m.get('action')}): {m.get('reason')}")
+        layout = self.peak_layouts.get(r.settings + "#r", [])
+        stats = _layout_stats(layout)
+        lines.append(f"peak reserved {format_bytes(r.peak_reserved_bytes)}, peak allocated "
+                     f"{format_bytes(r.peak_allocated_bytes)}; at the peak {format_bytes(stats['reserved_unallocated_bytes'])} "
+                     f"is reserved but not allocated (fragmentation {stats['fragmentation']:.2f})")
+        pins = _pinning(layout)
+        if pins:
+            lines.append("segments that hold it, pinned by live blocks:")
+            for p in pins:
+                blocks = ", ".join(format_bytes(b["size"]) for b in p["live_blocks"][:4])
+                more = f" and {len(p['live_blocks']) - 4} more" if len(p["live_blocks"]) > 4 else ""
+                lines.append(f"  {format_bytes(p['segment_bytes'])} {p['pool']} segment at {p['address']:#x}: "
+                             f"{format_bytes(p['free_bytes'])} free, held by {blocks}{more}")
+        rows = self.rows()
+        w = max(len(x["label"]) for x in rows)
+        lines.append("the same requests under each setting:")
+        lines.append(f"  {'setting'.ljust(w)}  {'peak reserved':>14}  {'peak allocated':>14}  {'final reserved':>14}"
+                     f"  {'frag@peak':>9}  OOMs")
+        for x in rows:
+            lines.append(f"  {x['label'].ljust(w)}  {format_bytes(x['peak_reserved_bytes']):>14}  "
+                         f"{format_bytes(x['peak_allocated_bytes']):>14}  {format_bytes(x['final_reserved_bytes']):>14}"
+                         f"  {x['peak_fragmentation']:>9.2f}  {x['oom_events']}")
+        return "\n".join(lines)
+
+    def figure(self) -> Any:
+        """Reserved (solid) and allocated (dashed) bytes over the requests for every setting on
+        one axis, and the segment map at the recorded run's peak."""
+        from ..core.plotting import mib, new_figure, segment_map
+
+        fig, (ax, ax2) = new_figure(2, 1, height=6.4)
+        runs = [self.replay] + self.what_ifs
+        for k, run in enumerate(runs):
+            label = ("recorded: " if k == 0 else "") + (run.settings or "defaults")
+            step = max(1, len(run.reserved) // 4000)
+            xs = range(0, len(run.reserved), step)
+            line, = ax.plot(xs, [mib(run.reserved[i]) for i in xs], label=f"reserved, {label}")
+            ax.plot(xs, [mib(run.allocated[i]) for i in xs], ls="--", color=line.get_color(), lw=0.8)
+        ax.set_xlabel("request (alloc, free, empty_cache) in trace order")
+        ax.set_ylabel("MiB (solid reserved, dashed allocated)")
+        ax.legend(fontsize=7)
+        layout = self.peak_layouts.get(self.replay.settings + "#r", [])
+        layout = sorted(layout, key=lambda s: -s["total_size"])[:12]
+        if layout:
+            segment_map(layout, ax=ax2, title="segments at the recorded run's peak (largest 12)")
+        fig.tight_layout()
+        return fig
+
+    def _repr_html_(self) -> str:
+        import html
+
+        return "<pre>" + html.escape(self.text()) + "</pre>"
+
+
+def doctor(snapshot: Any, what_if: Sequence[str] = (), *, cap_bytes: int | None = None,
+           cap_fraction: float | None = None, device: int = 0, show: bool = False) -> Report:
+    """Replay ``snapshot`` and answer the what-ifs.
+
+    Args:
+        snapshot: a path (pickle or JSON), a snapshot dict, or a recorded run.
+        what_if: settings strings in ``PYTORCH_CUDA_ALLOC_CONF`` syntax ('' = defaults).
+        cap_bytes / cap_fraction: a memory cap for the what-ifs (bytes, or a fraction of the
+            device's memory: the snapshot's ``device_total_bytes`` or the H200's); default the
+            cap the snapshot records, if any.
+        show: in a notebook, display the report and the figure.
+
+    Raises:
+        SnapshotError: not a readable snapshot. ValueError: bad settings or cap.
+    """
+    if cap_bytes is not None and cap_fraction is not None:
+        raise ValueError("give cap_bytes or cap_fraction, not both")
+    if cap_bytes is not None and (isinstance(cap_bytes, bool) or not isinstance(cap_bytes, int) or cap_bytes < 0):
+        raise ValueError(f"cap_bytes must be a whole number of bytes >= 0, got {cap_bytes!r}")
+    if cap_fraction is not None and not (isinstance(cap_fraction, (int, float)) and 0 < cap_fraction <= 1):
+        raise ValueError(f"cap_fraction must be in (0, 1], got {cap_fraction!r}")
+    if isinstance(what_if, str):
+        what_if = [what_if]
+    configs = [(s, _config(s)) for s in what_if]
+    trace = read(snapshot, device=device)
+    total = trace.total_memory or H200_TOTAL_MEMORY
+    cap = cap_bytes if cap_bytes is not None else int(cap_fraction * total) if cap_fraction else trace.cap_bytes
+    base = replay(trace, total_memory=total)
+    runs, layouts = [], {}
+    _, eng = _what_if(base, trace.config, trace.settings, cap_bytes=trace.cap_bytes, total_memory=total,
+                      stop_at=base.peak_index + 1)
+    layouts[trace.settings + "#r"] = eng.segments()
+    for settings, cfg in configs:
+        run, _ = _what_if(base, cfg, settings, cap_bytes=cap, total_memory=total)
+        _, eng = _what_if(base, cfg, settings, cap_bytes=cap, total_memory=total, stop_at=run.peak_index + 1)
+        layouts[settings] = eng.segments()
+        runs.append(run)
+    report = Report(trace, base, runs, layouts, cap)
+    if show:
+        from IPython.display import display
+
+        display(report)
+        display(report.figure())
+    return report
+
+
+# ----------------------------------------------------------------------------- command line
+
+def add_parser(sub: Any) -> None:
+    """Register ``doctor`` on an argparse subparsers object (the CLI calls this lazily)."""
+    p = sub.add_parser("doctor", help="replay a memory snapshot and compare allocator settings",
+                       description="Replay a torch.cuda.memory snapshot exactly and answer 'what if I changed "
+                                   "the allocator settings?'")
+    p.add_argument("snapshot", help="a _dump_snapshot pickle or a JSON snapshot")
+    p.add_argument("--what-if", action="append", default=[], metavar="SETTINGS",
+                   help="settings in PYTORCH_CUDA_ALLOC_CONF syntax, e.g. expandable_segments:True (repeatable)")
+    cap = p.add_mutually_exclusive_group()
+    cap.add_argument("--cap", type=int, metavar="BYTES", help="memory cap for the what-ifs, in bytes")
+    cap.add_argument("--cap-fraction", type=float, metavar="F", help="memory cap as a fraction of the device (0-1]")
+    p.add_argument("--device", type=int, default=0, help="which device's trace (default 0)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run_cli)
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    """The ``doctor`` command: print the report (or JSON); errors become one line and exit 2."""
+    if args.cap is not None and args.cap < 0:
+        raise ValueError(f"--cap must be a number of bytes >= 0, got {args.cap}")
+    if args.cap_fraction is not None and not 0 < args.cap_fraction <= 1:
+        raise ValueError(f"--cap-fraction must be in (0, 1], got {args.cap_fraction}")
+    rep = doctor(args.snapshot, args.what_if, cap_bytes=args.cap, cap_fraction=args.cap_fraction, device=args.device)
+    if args.json:
+        json.dump(rep.to_json(), sys.stdout)
+        print()
+    else:
+        print(rep.text())
+    return 0
+
+
+__all__ = ["Report", "SnapshotError", "doctor", "add_parser", "run_cli"]
