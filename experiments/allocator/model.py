@@ -171,6 +171,12 @@ class AllocatorConfig:
 
         if settings is None:
             return cls()
+        if isinstance(settings, Mapping) and "PYTORCH_CUDA_ALLOC_CONF" in settings:
+            # a snapshot's allocator_settings: the string it holds is what the allocator parsed
+            # (experiments.allocator.trace.config_from_snapshot also reads the parsed values)
+            settings = str(settings["PYTORCH_CUDA_ALLOC_CONF"] or "")
+            if not settings:
+                return cls()
         items = parse(settings) if isinstance(settings, str) else dict(settings)
         kw: dict[str, Any] = {}
         for name, value in items.items():

@@ -186,6 +186,14 @@ class _Replayer:
                 if base <= a < base + size:
                     blocks.append((a, bsize, req))
             small = size <= 2 * SMALL_SIZE and all(b[1] <= SMALL_SIZE for b in blocks)
+            if not small:
+                # A large-pool block is > 1 MiB, so a gap of at most 1 MiB after a live block is
+                # the remainder that block's split did not cut off (§A.7): it belongs to the block.
+                blocks.sort()
+                for k, (a, n, req) in enumerate(blocks):
+                    end = blocks[k + 1][0] if k + 1 < len(blocks) else base + size
+                    if 0 < end - (a + n) <= SMALL_SIZE:
+                        blocks[k] = (a, end - a, req)
             made = self.engine.seed_segment(base, size, stream, pool, small, blocks)
             self._add_base(base, size, pool)
             self.trace_reserved += size
