@@ -165,6 +165,10 @@ class Engine:
         self._gc_calls = 0                              # get_free_block calls on the default large pool
         self._round: dict[int, int] = {}
         self._large_page = config.large_segment_size
+        # get_free_block counts its calls (the age of cached blocks) only for the GC (§A.9)
+        self._gc_counting = cap_bytes is not None and config.garbage_collection_threshold > 0
+        self._split_limit = config.max_split_size if config.max_split_size is not None else 1 << 62
+        self._split_limit_none = config.max_split_size is None
         # Called for the base of each new segment or range; returning None lets the engine choose.
         self.address_hook: Callable[[], int | None] | None = None
 
@@ -184,19 +188,27 @@ class Engine:
             EngineOutOfMemory: the request does not fit (the engine state then shows the
                 releases the OOM path made, as on the GPU).
         """
-        self.events = []
-        size = self.round(nbytes)
+        if self.events:
+            self.events = []
+        size = self._round.get(nbytes)
+        if size is None:
+            size = self.round(nbytes)
         small = size <= SMALL_SIZE
-        fl = self._list(pool_id, small, stream)
-        block = self._get_free_block(fl, size, pool_id, small)
-        if block is None:
+        fl = self._free.get((pool_id, small, stream))
+        if fl is None:
+            fl = self._list(pool_id, small, stream)
+        if self._gc_counting and pool_id == DEFAULT_POOL and not small:
+            self._gc_calls += 1
+        block = self._peek(fl, size)
+        if block is not None:
+            fl.remove(block)
+        else:
             block = self._alloc_path(nbytes, size, small, stream, pool_id, fl)
-        cfg = self.config
         remaining = block.size - size
         if small or block.seg.expandable:
             split = remaining >= MIN_BLOCK_SIZE
         else:
-            split = remaining > SMALL_SIZE and (cfg.max_split_size is None or size < cfg.max_split_size)
+            split = remaining > SMALL_SIZE and size < self._split_limit
         if split:
             rest = Block(block.addr + size, remaining, block.seg, block, block.next)
             rest.requested = block.requested       # the remainder keeps the old block's bookkeeping
@@ -238,10 +250,11 @@ class Engine:
 
     def free_completed(self, block: Block) -> None:
         """Return a freed block to its pool, merging it with free neighbours (§A.8)."""
-        self.events = []
+        if self.events:
+            self.events = []
         self.active_bytes -= block.size
         seg = block.seg
-        fl = self._list(seg.pool_id, seg.small, seg.stream)
+        fl = self._free[(seg.pool_id, seg.small, seg.stream)]
         prev, nxt = block.prev, block.next
         if prev is not None and not prev.allocated and prev.mapped and prev.addr in fl.blocks:
             fl.remove(prev)
@@ -367,6 +380,8 @@ class Engine:
         if i == len(keys):
             return None
         b = fl.blocks[keys[i][1]]
+        if self._split_limit_none and not b.seg.expandable:
+            return b
         if b.seg.expandable:
             if not self.config.expandable_segments:
                 # Expandable blocks are skipped when the setting is off (allocator-rules §A.13).
@@ -392,15 +407,6 @@ class Engine:
                 return None
             if size >= limit and b.size >= size + self.config.max_non_split_rounding:
                 return None
-        return b
-
-    def _get_free_block(self, fl: _FreeList, size: int, pool_id: tuple[int, int], small: bool) -> Block | None:
-        if self.cap_bytes is not None and self.config.garbage_collection_threshold > 0 \
-                and pool_id == DEFAULT_POOL and not small:
-            self._gc_calls += 1
-        b = self._peek(fl, size)
-        if b is not None:
-            fl.remove(b)
         return b
 
     def _alloc_path(self, nbytes: int, size: int, small: bool, stream: int, pool_id: tuple[int, int],

@@ -27,6 +27,7 @@ again, and a request that does not fit is counted and skipped (its frees too).
 from __future__ import annotations
 
 import dataclasses
+import gc
 from array import array
 from bisect import bisect_right, insort
 from typing import Any, Mapping, Sequence
@@ -222,48 +223,71 @@ class _Replayer:
         buf: list[int] = []                  # indices of segment events since the last request
         reqs = self.requests
         alloc_a, res_a = run.allocated, run.reserved
+        put_a, put_r = alloc_a.append, res_a.append
+        live, pending, keys = self.live, self.pending, self.keys
+        bases, seg_end, seg_pool = self.bases, self.seg_end, self.seg_pool
+        malloc, free_req, free_done = eng.malloc, eng.free_requested, eng.free_completed
         i = 0
         try:
             run.initial = self.seed()
-            while i < n:
+            for i in range(n):
                 code, addr, size, stream = ev[i]
-                if code >= SEG_ALLOC and code <= SEG_UNMAP:
-                    buf.append(i)
-                    self._trace_segment(i)
-                    i += 1
-                    continue
-                if code == SNAPSHOT:
-                    # _snapshot() runs between requests: releases before it were an empty_cache
-                    self._flush_empty(i, buf)
-                    run.marks.append((i, eng.allocated_bytes, eng.reserved_bytes))
-                    i += 1
-                    continue
-                if code == ALLOC:
-                    self._alloc(i, buf, survives)
-                elif code == FREE_REQ:
-                    self._flush_empty(i, buf)
-                    blk = self.live.pop(addr, None)
+                if code == FREE_REQ:
+                    if buf:
+                        self._flush_empty(i, buf)
+                    blk = live.pop(addr, None)
                     if blk is None:
                         raise _Mismatch(i, "free_requested", f"free of an unknown block at {addr:#x}")
-                    eng.free_requested(blk)
-                    self.pending[addr] = blk
-                    reqs.append((R_FREE_REQ, self.keys[addr]))
+                    free_req(blk)
+                    pending[addr] = blk
+                    reqs.append((R_FREE_REQ, keys[addr]))
                 elif code == FREE_DONE:
-                    self._flush_empty(i, buf)
-                    blk = self.pending.pop(addr, None)
+                    if buf:
+                        self._flush_empty(i, buf)
+                    blk = pending.pop(addr, None)
                     if blk is None:
                         raise _Mismatch(i, "free_completed", f"completion of a free that was never requested "
                                         f"at {addr:#x}")
-                    eng.free_completed(blk)
-                    reqs.append((R_FREE_DONE, self.keys.pop(addr)))
-                elif code == OOM:
+                    free_done(blk)
+                    reqs.append((R_FREE_DONE, keys.pop(addr)))
+                elif code == ALLOC:
+                    if buf:
+                        self._alloc(i, buf, survives)
+                    else:
+                        # fast path: no segment event, so the block is in a segment the trace knows
+                        k = bisect_right(bases, addr) - 1
+                        pool = seg_pool[bases[k]] if k >= 0 and addr < seg_end[bases[k]] else DEFAULT_POOL
+                        eng.address_hook = None
+                        try:
+                            blk = malloc(size, stream, pool)
+                        except EngineOutOfMemory:
+                            raise _Mismatch(i, "alloc", "the model ran out of memory where the GPU did not "
+                                            "(a memory cap the snapshot does not record? pass --cap)") from None
+                        if eng.events:
+                            raise _Mismatch(i, "alloc", "the segment events differ", [], _fmt_events(eng.events))
+                        if blk.addr != addr:
+                            raise _Mismatch(i, "alloc", "the block is not where the GPU put it", addr, blk.addr)
+                        live[addr] = blk
+                        key = self.next_key
+                        keys[addr] = key
+                        self.next_key = key + 1
+                        reqs.append((R_ALLOC, key, size, stream, pool))
+                        self.private_context = pool if pool != DEFAULT_POOL else None
+                elif code <= SEG_UNMAP:
+                    buf.append(i)
+                    self.trace_reserved += size if code == SEG_ALLOC or code == SEG_MAP else -size
+                    continue
+                elif code == SNAPSHOT:
+                    # _snapshot() runs between requests: releases before it were an empty_cache
+                    if buf:
+                        self._flush_empty(i, buf)
+                    run.marks.append((i, eng.allocated_bytes, eng.reserved_bytes))
+                    continue
+                else:
                     self._oom(i, buf, size, stream)
-                if eng.reserved_bytes != self.trace_reserved:
-                    raise _Mismatch(i, ACTIONS[code], "reserved bytes differ after this event",
-                                    self.trace_reserved, eng.reserved_bytes)
-                alloc_a.append(eng.allocated_bytes)
-                res_a.append(eng.reserved_bytes)
-                i += 1
+                put_a(eng.allocated_bytes)
+                put_r(eng.reserved_bytes)
+            i = n
             self._flush_empty(n, buf)
             alloc_a.append(eng.allocated_bytes)
             res_a.append(eng.reserved_bytes)
@@ -276,6 +300,12 @@ class _Replayer:
         run.requests = reqs
         _finish(run, eng)
         return run
+
+    def _check_reserved(self, i: int, action: str) -> None:
+        # reserved bytes change only with segment events, so they are checked where those are
+        if self.engine.reserved_bytes != self.trace_reserved:
+            raise _Mismatch(i, action, "reserved bytes differ after this event", self.trace_reserved,
+                            self.engine.reserved_bytes)
 
     def _trace_segment(self, i: int) -> None:
         code, addr, size, stream = self.trace.events[i]
@@ -314,7 +344,7 @@ class _Replayer:
             elif c == SEG_MAP and self._containing(addr) is None:
                 self._add_base(addr, self.engine.range_size(small), pool)
 
-    def _flush_empty(self, i: int, buf: list[int]) -> None:
+    def _flush_empty(self, i: int, buf: list[int], check: bool = True) -> None:
         if not buf:
             return
         ev = self.trace.events
@@ -327,6 +357,8 @@ class _Replayer:
         self._compare(buf[0], "empty_cache (inferred)", buf, self.engine.events, ordered=False)
         self._drop_ranges()
         buf.clear()
+        if check:  # not when the request that follows still has segment events to come
+            self._check_reserved(i, "empty_cache (inferred)")
 
     def _drop_ranges(self) -> None:
         if self.expandable:
@@ -381,7 +413,7 @@ class _Replayer:
             pre = [j for j in buf if j in frees and (first_create is None or j < first_create)]
             rest = [j for j in buf if j not in pre]
             buf[:] = pre
-            self._flush_empty(i, buf)
+            self._flush_empty(i, buf, check=False)
             buf[:] = rest
         expected = [ev[j] for j in buf]
 
@@ -402,6 +434,7 @@ class _Replayer:
                       small=eng.round(size) <= SMALL_SIZE)
         self._drop_ranges()
         buf.clear()
+        self._check_reserved(i, "alloc")
         if blk.addr != addr:
             raise _Mismatch(i, "alloc", "the block is not where the GPU put it", addr, blk.addr)
         self.live[addr] = blk
@@ -429,6 +462,7 @@ class _Replayer:
             self._compare(i, "oom", buf, eng.events, ordered=True)
             self._drop_ranges()
             buf.clear()
+            self._check_reserved(i, "oom")
             self.requests.append((R_RETRY, size, stream, self.private_context or DEFAULT_POOL))
             return
         raise _Mismatch(i, "oom", "the GPU ran out of memory here but the model did not "
@@ -461,6 +495,19 @@ def _finish(run: Run, eng: Engine) -> None:
     run.final_segments = eng.segments()
 
 
+class _no_gc:
+    """The blocks' prev/next links are reference cycles: with thousands of live blocks the
+    cyclic collector would rescan them over and over during a replay, for nothing to free."""
+
+    def __enter__(self) -> None:
+        self.was = gc.isenabled()
+        gc.disable()
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.was:
+            gc.enable()
+
+
 def replay(trace: Trace, *, cap_bytes: int | None = None, total_memory: int | None = None) -> Run:
     """Replay ``trace`` under the settings it was recorded with; check it event by event.
 
@@ -477,7 +524,8 @@ def replay(trace: Trace, *, cap_bytes: int | None = None, total_memory: int | No
     cap = cap_bytes if cap_bytes is not None else trace.cap_bytes
     total = total_memory or trace.total_memory or 150_109_880_320
     r = _Replayer(trace, cap, total)
-    run = r.run()
+    with _no_gc():
+        run = r.run()
     run.oom_events = sum(1 for e in trace.events if e[0] == OOM)
     return run
 
@@ -490,6 +538,12 @@ def what_if(base: Run, config: AllocatorConfig, settings: str, *, cap_bytes: int
         (the Run, the engine after the last request processed; ``stop_at`` stops after that
         many requests, e.g. to read the layout at the peak).
     """
+    with _no_gc():
+        return _what_if(base, config, settings, cap_bytes, total_memory, stop_at)
+
+
+def _what_if(base: Run, config: AllocatorConfig, settings: str, cap_bytes: int | None, total_memory: int,
+             stop_at: int | None) -> tuple[Run, Engine]:
     eng = Engine(config, cap_bytes=cap_bytes, total_memory=total_memory)
     run = Run(settings)
     blocks: dict[int, Any] = {}
