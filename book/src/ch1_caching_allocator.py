@@ -650,6 +650,84 @@ print(run["note"])
 al.plot_sequence(run, title="2 MiB, free, then 512 KiB")
 
 # %% [markdown]
+# (ch1-doctor)=
+# ### The allocator doctor: would another setting have helped?
+#
+# The viewer shows what happened; it does not say whether `expandable_segments:True` or a
+# `max_split_size_mb` would have saved you. The book's doctor replays your snapshot's trace
+# through the model of this chapter, and checks it event by event: every segment the GPU
+# allocated or released, at the same event and with the same size, and every block where
+# the GPU put it. Then it runs the same requests under other settings. Record with the
+# trace on (stack frames are optional; `context=None` keeps the file small), then ask:
+#
+# ```python
+# torch.cuda.memory._record_memory_history(context=None, max_entries=1_000_000)
+# run_a_few_steps()
+# torch.cuda.memory._dump_snapshot("my_snapshot.pickle")
+#
+# al.doctor("my_snapshot.pickle", what_if=["expandable_segments:True", "max_split_size_mb:64"])
+# ```
+#
+# or, from a shell, `python -m experiments doctor my_snapshot.pickle --what-if
+# expandable_segments:True --json`. The file is read with an unpickler that accepts only
+# plain data, so a snapshot someone sends you cannot run code.
+#
+# Here is the doctor on a real training loop recorded on the lab GPU by
+# `python -m experiments record`: a 4-layer `torch.nn.TransformerEncoder` trained with
+# AdamW at batch sizes 24, 32, 40 and 48 (two steps each), with every batch copied in on a
+# side stream. On a GPU, `ex.run` records the same program on yours instead.
+
+# %%
+training = ex.run("alloc.doctor_snapshots", workload="training")
+lab_run = training["runs"][0]                     # recorded with the default settings
+report = al.doctor(lab_run, what_if=["expandable_segments:True"])
+print(report.text())
+
+# %% [markdown]
+# The first lines are the replay's verdict, then what was reserved but not allocated at
+# the peak and which live blocks pinned those segments: segments that a few live tensors
+# keep from being released, with the rest of their bytes cached but too small or in the
+# wrong place for the next request. The figure puts the settings on one axis (reserved solid, allocated dashed) and
+# draws the segments at the peak:
+
+# %%
+report.figure()
+
+# %% [markdown]
+# ```{exercise} Which setting helps this training loop?
+# :label: ex-alloc-doctor
+#
+# The loop's batches grow from 24 to 48. Which of `al.DOCTOR_SETTINGS` leaves it with the
+# least memory reserved at the end? Predict first, then run the cell after the check: it
+# lists the doctor's what-ifs next to the GPU's own runs under each setting.
+# ```
+
+# %%
+for key, setting in al.DOCTOR_SETTINGS.items():
+    print(key, setting)
+al.check_doctor_setting(None)  # "a", "b" or "c"
+
+# %% tags=["hide-output"]
+print(al.lab_comparison_table(al.lab_comparison(training)))
+
+# %% [markdown]
+# ```{solution} ex-alloc-doctor
+# :class: dropdown
+#
+# **Expandable segments (a).** Each batch size asks for slightly larger activation
+# tensors. With ordinary segments, the freed activations of the smaller batch stay cached
+# in segments that are a little too small, and the bigger batch gets new ones: the classic
+# "batch N, then N + 1" growth of this chapter. Expandable segments map pages into one
+# range per stream and pool, so the larger tensors reuse the same range.
+# `max_split_size_mb:64` only changes blocks of 64 MiB and more, which this model does not
+# have, and forbids splitting cached blocks that large, so it reserves more; rounding to
+# quarter steps makes every block a little larger. The doctor's row for the recorded
+# setting is the exact replay; its what-ifs for expandable segments and the rounding
+# equal the GPU's own runs to the byte, and the `max_split_size_mb` one is within 3 %
+# (which of two equal free blocks is reused depends on addresses the driver picks).
+# ```
+
+# %% [markdown]
 # (ch1-claims)=
 # ## The post's claims, checked
 #

@@ -24,7 +24,7 @@ from .plots import (  # noqa: F401
     plot_segments, plot_sequence, plot_timeline, request_table_html,
 )
 from .checks import (  # noqa: F401
-    check_frag_index, check_oom_reading, check_pool_boundary_choice, check_reserved_function,
+    check_doctor_setting, DOCTOR_SETTINGS, check_frag_index, check_oom_reading, check_pool_boundary_choice, check_reserved_function,
     check_timeline_prediction, OOM_FIXES, POOL_BOUNDARY_OPTIONS, try_sequence,
 )
 from .fresh import (  # noqa: F401
@@ -33,6 +33,9 @@ from .fresh import (  # noqa: F401
 from .predict import (  # noqa: F401
     predict_graph_pools, predict_oom,
 )
+from .doctor import (  # noqa: F401
+    doctor, lab_comparison, lab_comparison_table, Report,
+)
 from .snapshot import (  # noqa: F401
     fragmentation_index, layout_summary, load_snapshot, parse_oom_message, parse_segments,
 )
@@ -40,7 +43,8 @@ from .snapshot import (  # noqa: F401
 __all__ = [
     'ALLOC_CONF_DOCS', 'AllocatorConfig', 'anatomy', 'ANATOMY_SIZES', 'BIG_REQUEST_B',
     'boundary_sequences', 'BOUNDARY_SIZES', 'check_frag_index', 'check_oom_reading',
-    'check_pool_boundary_choice', 'check_reserved_function', 'check_timeline_prediction',
+    'check_doctor_setting', 'check_pool_boundary_choice', 'doctor', 'DOCTOR_SETTINGS', 'lab_comparison',
+    'lab_comparison_table', 'Report', 'check_reserved_function', 'check_timeline_prediction',
     'compact_layout', 'explain_setting_error', 'format_bytes', 'fragmentation_index',
     'fragmentation_oom', 'GRAPH_BATCH_SIZES', 'graph_capture_ops', 'GRAPH_DTYPE', 'GRAPH_HIDDEN',
     'GRAPH_ORDERS', 'graph_pools', 'graph_pools_table', 'KiB', 'KNOB_CAP_MIB', 'KNOBS', 'knobs',

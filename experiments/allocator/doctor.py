@@ -136,16 +136,70 @@ class Report:
         ax.set_ylabel("MiB (solid reserved, dashed allocated)")
         ax.legend(fontsize=7)
         layout = self.peak_layouts.get(self.replay.settings + "#r", [])
-        layout = sorted(layout, key=lambda s: -s["total_size"])[:12]
+        # segments that live blocks pin first (most free bytes first), then the largest others
+        def order(seg: Mapping[str, Any]) -> tuple[int, int]:
+            live = any(b["state"] != "inactive" for b in seg["blocks"])
+            free = sum(b["size"] for b in seg["blocks"] if b["state"] == "inactive")
+            return (0 if live and free else 1, -free if live else -seg["total_size"])
+
+        layout = sorted(layout, key=order)[:12]
         if layout:
-            segment_map(layout, ax=ax2, title="segments at the recorded run's peak (largest 12)")
-        fig.tight_layout()
+            segment_map(layout, ax=ax2, title="at the recorded run's peak: pinned segments first (12 shown)")
         return fig
 
     def _repr_html_(self) -> str:
         import html
 
         return "<pre>" + html.escape(self.text()) + "</pre>"
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import HTML, display
+
+        display(HTML(self._repr_html_()))
+        display(self.figure())
+
+
+def lab_comparison(result: Any, workload_settings: str = "") -> list[dict[str, Any]]:
+    """The doctor's what-ifs next to the GPU's own runs, for a recorded ``alloc.doctor_snapshots`` point.
+
+    The run recorded under ``workload_settings`` is the snapshot (its row is the exact
+    replay); every other run of the point is a what-if, and its row shows the GPU's own
+    figures for that setting too.
+
+    Returns:
+        one dict per setting: settings, what_if_peak_reserved_bytes, what_if_final_reserved_bytes,
+        gpu_peak_reserved_bytes, gpu_final_reserved_bytes, what_if_oom_events, gpu_ooms.
+
+    Raises:
+        ValueError: ``result`` has no run under ``workload_settings``.
+    """
+    runs = result["runs"]
+    base = next((r for r in runs if r["settings"] == workload_settings), None)
+    if base is None:
+        raise ValueError(f"workload_settings must be one of {[r['settings'] for r in runs]}, got {workload_settings!r}")
+    others = [r for r in runs if r is not base]
+    rep = doctor(base, what_if=[r["settings"] for r in others])
+    rows = []
+    for r, w in [(base, rep.replay)] + list(zip(others, rep.what_ifs)):
+        rows.append({"settings": r["settings"] or "defaults",
+                     "what_if_peak_reserved_bytes": w.peak_reserved_bytes,
+                     "what_if_final_reserved_bytes": w.final_reserved_bytes,
+                     "gpu_peak_reserved_bytes": max(p["reserved_bytes.all.peak"] for p in r["phases"]),
+                     "gpu_final_reserved_bytes": r["final"]["reserved_bytes.all.current"],
+                     "what_if_oom_events": w.oom_events, "gpu_ooms": r["final"]["num_ooms"],
+                     "exact_replay": r is base})
+    return rows
+
+
+def lab_comparison_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """:func:`lab_comparison` as text, in MiB."""
+    head = f"{'setting':34s} {'what-if peak':>13s} {'GPU peak':>10s} {'what-if end':>12s} {'GPU end':>9s}  (MiB reserved)"
+    lines = [head]
+    for r in rows:
+        lines.append(f"{r['settings']:34s} {r['what_if_peak_reserved_bytes'] / 2**20:13.0f} "
+                     f"{r['gpu_peak_reserved_bytes'] / 2**20:10.0f} {r['what_if_final_reserved_bytes'] / 2**20:12.0f} "
+                     f"{r['gpu_final_reserved_bytes'] / 2**20:9.0f}")
+    return "\n".join(lines)
 
 
 def doctor(snapshot: Any, what_if: Sequence[str] = (), *, cap_bytes: int | None = None,
@@ -177,9 +231,12 @@ def doctor(snapshot: Any, what_if: Sequence[str] = (), *, cap_bytes: int | None 
     cap = cap_bytes if cap_bytes is not None else int(cap_fraction * total) if cap_fraction else trace.cap_bytes
     base = replay(trace, total_memory=total)
     runs, layouts = [], {}
-    _, eng = _what_if(base, trace.config, trace.settings, cap_bytes=trace.cap_bytes, total_memory=total,
-                      stop_at=base.peak_index + 1)
-    layouts[trace.settings + "#r"] = eng.segments()
+    if base.matches_trace:  # the layout at the peak, with the GPU's own addresses
+        layouts[trace.settings + "#r"] = replay(trace, total_memory=total, stop_at=base.peak_event + 1).final_segments
+    else:
+        _, eng = _what_if(base, trace.config, trace.settings, cap_bytes=trace.cap_bytes, total_memory=total,
+                          stop_at=base.peak_index + 1)
+        layouts[trace.settings + "#r"] = eng.segments()
     for settings, cfg in configs:
         run, _ = _what_if(base, cfg, settings, cap_bytes=cap, total_memory=total)
         _, eng = _what_if(base, cfg, settings, cap_bytes=cap, total_memory=total, stop_at=run.peak_index + 1)
@@ -227,4 +284,4 @@ def run_cli(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["Report", "SnapshotError", "doctor", "add_parser", "run_cli"]
+__all__ = ["Report", "SnapshotError", "doctor", "add_parser", "lab_comparison", "lab_comparison_table", "run_cli"]

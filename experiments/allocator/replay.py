@@ -60,6 +60,7 @@ class Run:
         requests: the request list (replay only) that what-ifs reuse.
         initial: the blocks rebuilt for a late-started recording, (key, requested, stream, pool).
         marks: (trace index, allocated, reserved) at each 'snapshot' entry (replay only).
+        peak_event: the trace event after which reserved bytes peaked (replay only).
     """
 
     settings: str
@@ -79,6 +80,7 @@ class Run:
     requests: list[tuple] = dataclasses.field(default_factory=list)
     initial: list[tuple[int, int, int, tuple[int, int]]] = dataclasses.field(default_factory=list)
     marks: list[tuple[int, int, int]] = dataclasses.field(default_factory=list)
+    peak_event: int = 0
 
     def summary(self) -> dict[str, Any]:
         """The JSON fields of the doctor's report for this run."""
@@ -118,6 +120,8 @@ class _Replayer:
         self.trace_reserved = 0
         self.private_context: tuple[int, int] | None = None
         self.inferred = 0
+        self.peak_reserved, self.peak_event = -1, 0
+        self.stop_at: int | None = None
         self.expandable = trace.config.expandable_segments
         self.range_size = self.engine.range_size(False) if self.expandable else 0
 
@@ -230,7 +234,8 @@ class _Replayer:
         i = 0
         try:
             run.initial = self.seed()
-            for i in range(n):
+            stop = n if self.stop_at is None else min(n, self.stop_at)
+            for i in range(stop):
                 code, addr, size, stream = ev[i]
                 if code == FREE_REQ:
                     if buf:
@@ -287,6 +292,11 @@ class _Replayer:
                     self._oom(i, buf, size, stream)
                 put_a(eng.allocated_bytes)
                 put_r(eng.reserved_bytes)
+            if stop < n:           # stopped early on purpose: the state after event stop - 1
+                run.events_replayed = stop
+                run.requests = reqs
+                _finish(run, eng)
+                return run
             i = n
             self._flush_empty(n, buf)
             alloc_a.append(eng.allocated_bytes)
@@ -298,6 +308,7 @@ class _Replayer:
             run.first_mismatch = m.info
         run.events_replayed = i
         run.requests = reqs
+        run.peak_event = self.peak_event
         _finish(run, eng)
         return run
 
@@ -306,6 +317,8 @@ class _Replayer:
         if self.engine.reserved_bytes != self.trace_reserved:
             raise _Mismatch(i, action, "reserved bytes differ after this event", self.trace_reserved,
                             self.engine.reserved_bytes)
+        if self.trace_reserved > self.peak_reserved:
+            self.peak_reserved, self.peak_event = self.trace_reserved, i
 
     def _trace_segment(self, i: int) -> None:
         code, addr, size, stream = self.trace.events[i]
@@ -508,7 +521,8 @@ class _no_gc:
             gc.enable()
 
 
-def replay(trace: Trace, *, cap_bytes: int | None = None, total_memory: int | None = None) -> Run:
+def replay(trace: Trace, *, cap_bytes: int | None = None, total_memory: int | None = None,
+           stop_at: int | None = None) -> Run:
     """Replay ``trace`` under the settings it was recorded with; check it event by event.
 
     Args:
@@ -516,6 +530,8 @@ def replay(trace: Trace, *, cap_bytes: int | None = None, total_memory: int | No
             ``memory_cap_bytes`` if it has one, else none).
         total_memory: device memory in bytes (expandable range size; default the snapshot's,
             else the lab H200's).
+        stop_at: stop before this trace event (the run's ``final_segments`` is then the
+            layout at that point, e.g. ``peak_event + 1`` for the layout at peak reserved).
 
     Returns:
         a :class:`Run` whose ``matches_trace`` says whether every segment event, block address
@@ -524,6 +540,7 @@ def replay(trace: Trace, *, cap_bytes: int | None = None, total_memory: int | No
     cap = cap_bytes if cap_bytes is not None else trace.cap_bytes
     total = total_memory or trace.total_memory or 150_109_880_320
     r = _Replayer(trace, cap, total)
+    r.stop_at = stop_at
     with _no_gc():
         run = r.run()
     run.oom_events = sum(1 for e in trace.events if e[0] == OOM)
