@@ -18,7 +18,8 @@ import pytest
 from experiments.allocator.doctor import doctor
 from experiments.allocator.engine import Engine
 from experiments.allocator.model import GiB, MiB, AllocatorConfig, round_size
-from experiments.allocator.replay import replay, what_if
+from experiments.allocator.doctor import what_if
+from experiments.allocator.replay import replay
 from experiments.allocator.trace import (ALLOC, FREE_REQ, SnapshotError, config_from_snapshot, load, read)
 
 RECORDED = Path(__file__).resolve().parent.parent / "experiments" / "recorded" / "alloc.doctor_snapshots" / "nvidia-h200.json"

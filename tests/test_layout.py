@@ -13,7 +13,10 @@ PKG = Path(__file__).resolve().parent.parent / "experiments"
 CHAPTER_PACKAGES = [c.module for c in CHAPTERS if (PKG / c.module).is_dir()]
 ROLES = {"measurements", "model", "plots", "checks", "workloads"}
 # Modules a chapter may have beside the roles, each named for what it holds.
-EXTRA = {"allocator": {"snapshot", "gpu", "predict", "fresh", "trace", "doctor"},
+# The doctor (issue 11): engine (the full allocator: streams, pools, cap), trace (reader),
+# replay (exact replay), doctor (what-if, report, figure, CLI), doctor_gpu (its recordings);
+# one module each keeps every file under MAX_LINES.
+EXTRA = {"allocator": {"snapshot", "gpu", "predict", "fresh", "trace", "doctor", "engine", "replay", "doctor_gpu"},
          "streams": set(), "pinned": {"host", "host_cache", "staging"},
          "syncs": {"ops", "case", "detector"}}
 MAX_LINES = 600

@@ -24,10 +24,70 @@ import json
 import sys
 from typing import Any, Mapping, Sequence
 
-from .engine import H200_TOTAL_MEMORY
 from .model import AllocatorConfig, format_bytes
-from .replay import Run, replay, what_if as _what_if
+from .engine import H200_TOTAL_MEMORY, Engine, EngineOutOfMemory
+from .replay import R_ALLOC, R_EMPTY, R_FREE_DONE, R_FREE_REQ, Run, _finish, _no_gc, replay
 from .trace import SnapshotError, Trace, read
+
+
+def what_if(base: Run, config: AllocatorConfig, settings: str, *, cap_bytes: int | None = None,
+            total_memory: int = 150_109_880_320, stop_at: int | None = None) -> tuple[Run, Engine]:
+    """Run the requests of a replay under ``config`` (and ``cap_bytes``) on a fresh engine.
+
+    Returns:
+        (the Run, the engine after the last request processed; ``stop_at`` stops after that
+        many requests, e.g. to read the layout at the peak).
+    """
+    with _no_gc():
+        return _run_requests(base, config, settings, cap_bytes, total_memory, stop_at)
+
+
+def _run_requests(base: Run, config: AllocatorConfig, settings: str, cap_bytes: int | None, total_memory: int,
+             stop_at: int | None) -> tuple[Run, Engine]:
+    eng = Engine(config, cap_bytes=cap_bytes, total_memory=total_memory)
+    run = Run(settings)
+    blocks: dict[int, Any] = {}
+    for key, req, stream, pool in base.initial:
+        try:
+            blocks[key] = eng.malloc(max(req, 1), stream, pool)
+        except EngineOutOfMemory:
+            run.oom_requests.append((-1, req))
+    malloc, free_req, free_done, empty = eng.malloc, eng.free_requested, eng.free_completed, eng.empty_cache
+    alloc_a, res_a = run.allocated, run.reserved
+    for k, r in enumerate(base.requests):
+        if stop_at is not None and k >= stop_at:
+            break
+        kind = r[0]
+        if kind == R_ALLOC:
+            try:
+                blocks[r[1]] = malloc(r[2], r[3], r[4])
+            except EngineOutOfMemory:
+                run.oom_requests.append((k, r[2]))
+        elif kind == R_FREE_REQ:
+            b = blocks.get(r[1])
+            if b is not None:
+                free_req(b)
+        elif kind == R_FREE_DONE:
+            b = blocks.pop(r[1], None)
+            if b is not None:
+                free_done(b)
+        elif kind == R_EMPTY:
+            empty(r[1])
+        else:  # a request that failed on the GPU: try it, and drop it at once if it fits
+            try:
+                b = malloc(r[1], r[2], r[3])
+                free_req(b)
+                free_done(b)
+            except EngineOutOfMemory:
+                run.oom_requests.append((k, r[1]))
+        alloc_a.append(eng.allocated_bytes)
+        res_a.append(eng.reserved_bytes)
+    run.events_replayed = len(alloc_a)
+    _finish(run, eng)
+    return run, eng
+
+
+_what_if = what_if  # doctor() takes a parameter of that name
 
 
 def _config(settings: str) -> AllocatorConfig:
@@ -67,8 +127,29 @@ class Report:
     trace: Trace
     replay: Run
     what_ifs: list[Run]
-    peak_layouts: dict[str, list[dict[str, Any]]]
+    configs: list[AllocatorConfig]
     cap_bytes: int | None
+    total_memory: int
+    _layouts: dict[int, list[dict[str, Any]]] = dataclasses.field(default_factory=dict, repr=False)
+
+    def peak_layout(self, run: Run) -> list[dict[str, Any]]:
+        """The segments at ``run``'s peak reserved (computed on first use: a second pass up
+        to the peak; for the recorded run, the exact replay with the GPU's addresses)."""
+        key = id(run)
+        if key not in self._layouts:
+            t = self.trace
+            if run is self.replay and run.matches_trace:
+                segs = replay(t, total_memory=self.total_memory, stop_at=run.peak_event + 1).final_segments
+            else:
+                if run is self.replay:
+                    cfg, cap = t.config, t.cap_bytes
+                else:
+                    cfg, cap = self.configs[self.what_ifs.index(run)], self.cap_bytes
+                _, eng = _what_if(self.replay, cfg, run.settings, cap_bytes=cap, total_memory=self.total_memory,
+                                  stop_at=run.peak_index + 1)
+                segs = eng.segments()
+            self._layouts[key] = segs
+        return self._layouts[key]
 
     def to_json(self) -> dict[str, Any]:
         """``{"trace_events", "settings", "replay": {...}, "what_if": [...]}`` (issue 11's format)."""
@@ -81,7 +162,7 @@ class Report:
         out = []
         for label, run in [("recorded: " + (self.trace.settings or "defaults"), self.replay)] + \
                 [(w.settings or "defaults", w) for w in self.what_ifs]:
-            stats = _layout_stats(self.peak_layouts.get(run.settings + ("#r" if run is self.replay else ""), []))
+            stats = _layout_stats(self.peak_layout(run))
             out.append({"label": label, **run.summary(), **{f"peak_{k}": v for k, v in stats.items()}})
         return out
 
@@ -95,7 +176,7 @@ class Report:
         else:
             m = r.first_mismatch or {}
             lines.append(f"replay: stops at trace event {m.get('event_index')} ({m.get('action')}): {m.get('reason')}")
-        layout = self.peak_layouts.get(r.settings + "#r", [])
+        layout = self.peak_layout(r)
         stats = _layout_stats(layout)
         lines.append(f"peak reserved {format_bytes(r.peak_reserved_bytes)}, peak allocated "
                      f"{format_bytes(r.peak_allocated_bytes)}; at the peak {format_bytes(stats['reserved_unallocated_bytes'])} "
@@ -135,7 +216,7 @@ class Report:
         ax.set_xlabel("request (alloc, free, empty_cache) in trace order")
         ax.set_ylabel("MiB (solid reserved, dashed allocated)")
         ax.legend(fontsize=7)
-        layout = self.peak_layouts.get(self.replay.settings + "#r", [])
+        layout = self.peak_layout(self.replay)
         # segments that live blocks pin first (most free bytes first), then the largest others
         def order(seg: Mapping[str, Any]) -> tuple[int, int]:
             live = any(b["state"] != "inactive" for b in seg["blocks"])
@@ -230,19 +311,8 @@ def doctor(snapshot: Any, what_if: Sequence[str] = (), *, cap_bytes: int | None 
     total = trace.total_memory or H200_TOTAL_MEMORY
     cap = cap_bytes if cap_bytes is not None else int(cap_fraction * total) if cap_fraction else trace.cap_bytes
     base = replay(trace, total_memory=total)
-    runs, layouts = [], {}
-    if base.matches_trace:  # the layout at the peak, with the GPU's own addresses
-        layouts[trace.settings + "#r"] = replay(trace, total_memory=total, stop_at=base.peak_event + 1).final_segments
-    else:
-        _, eng = _what_if(base, trace.config, trace.settings, cap_bytes=trace.cap_bytes, total_memory=total,
-                          stop_at=base.peak_index + 1)
-        layouts[trace.settings + "#r"] = eng.segments()
-    for settings, cfg in configs:
-        run, _ = _what_if(base, cfg, settings, cap_bytes=cap, total_memory=total)
-        _, eng = _what_if(base, cfg, settings, cap_bytes=cap, total_memory=total, stop_at=run.peak_index + 1)
-        layouts[settings] = eng.segments()
-        runs.append(run)
-    report = Report(trace, base, runs, layouts, cap)
+    runs = [_what_if(base, cfg, settings, cap_bytes=cap, total_memory=total)[0] for settings, cfg in configs]
+    report = Report(trace, base, runs, [cfg for _, cfg in configs], cap, total)
     if show:
         from IPython.display import display
 

@@ -303,64 +303,6 @@ class Engine:
                 out.append(self._seg_dict(seg, run))
         return out
 
-    def seed_segment(self, addr: int, size: int, stream: int, pool_id: tuple[int, int], small: bool,
-                     blocks: list[tuple[int, int, int]], *, expandable: bool = False,
-                     mapped: list[tuple[int, int]] | None = None) -> dict[int, Block]:
-        """Create a segment that existed before a trace began (for late-started recordings).
-
-        Args:
-            blocks: live blocks as (address, size, requested_size) inside the segment; the
-                gaps become free blocks (merged, in the free lists).
-            mapped: for an expandable range, the mapped runs as (address, size); the rest of
-                the range stays unmapped.
-
-        Returns:
-            {address: block} of the live blocks.
-        """
-        seg = Segment(addr, size, stream, pool_id, small, expandable)
-        self._segments[addr] = seg
-        if expandable:
-            self._ranges.setdefault((pool_id, small, stream), []).append(seg)
-        fl = self._list(pool_id, small, stream)
-        pieces: list[tuple[int, int, str, int]] = []
-        runs = sorted(mapped or [(addr, size)])
-        live = sorted(blocks)
-        pos = addr
-        for ra, rs in runs:
-            if ra > pos:
-                pieces.append((pos, ra - pos, "unmapped", 0))
-            p = ra
-            for ba, bs, req in live:
-                if ra <= ba < ra + rs:
-                    if ba > p:
-                        pieces.append((p, ba - p, "free", 0))
-                    pieces.append((ba, bs, "live", req))
-                    p = ba + bs
-            if p < ra + rs:
-                pieces.append((p, ra + rs - p, "free", 0))
-            pos = ra + rs
-            self.reserved_bytes += rs
-        if pos < addr + size:
-            pieces.append((pos, addr + size - pos, "unmapped", 0))
-        out, prev = {}, None
-        for pa, ps, kind, req in pieces:
-            b = Block(pa, ps, seg, prev, None, mapped=kind != "unmapped")
-            if prev is None:
-                seg.head = b
-            else:
-                prev.next = b
-            prev = b
-            if kind == "live":
-                b.allocated, b.requested = True, req
-                self.allocated_bytes += ps
-                self.active_bytes += ps
-                out[pa] = b
-            elif kind == "free":
-                self._insert_free(fl, b)
-            else:
-                fl.unmapped[pa] = b
-        return out
-
     # ------------------------------------------------------------------ internals
 
     def _list(self, pool_id: tuple[int, int], small: bool, stream: int) -> _FreeList:

@@ -32,7 +32,7 @@ from array import array
 from bisect import bisect_right, insort
 from typing import Any, Mapping, Sequence
 
-from .engine import DEFAULT_POOL, Engine, EngineOutOfMemory
+from .engine import DEFAULT_POOL, Block, Engine, EngineOutOfMemory, Segment
 from .model import SMALL_SIZE, AllocatorConfig, round_size
 from .trace import (ALLOC, FREE_DONE, FREE_REQ, OOM, SEG_ALLOC, SEG_FREE, SEG_MAP, SEG_UNMAP, SNAPSHOT,
                               ACTIONS, Trace)
@@ -102,6 +102,65 @@ class _Mismatch(Exception):
 
 def _fmt_events(evs: Sequence[tuple[Any, int, int]]) -> list[list[Any]]:
     return [[_SEG_NAMES.get(a, a), addr, size] for a, addr, size in evs]
+
+
+def seed_segment(engine: Engine, addr: int, size: int, stream: int, pool_id: tuple[int, int], small: bool,
+                 blocks: list[tuple[int, int, int]], *, expandable: bool = False,
+                 mapped: list[tuple[int, int]] | None = None) -> dict[int, Block]:
+    """Create a segment that existed before a trace began (for late-started recordings).
+
+    Args:
+        blocks: live blocks as (address, size, requested_size) inside the segment; the
+            gaps become free blocks (merged, in the free lists).
+        mapped: for an expandable range, the mapped runs as (address, size); the rest of
+            the range stays unmapped.
+
+    Returns:
+        {address: block} of the live blocks.
+    """
+    seg = Segment(addr, size, stream, pool_id, small, expandable)
+    engine._segments[addr] = seg
+    if expandable:
+        engine._ranges.setdefault((pool_id, small, stream), []).append(seg)
+    fl = engine._list(pool_id, small, stream)
+    pieces: list[tuple[int, int, str, int]] = []
+    runs = sorted(mapped or [(addr, size)])
+    live = sorted(blocks)
+    pos = addr
+    for ra, rs in runs:
+        if ra > pos:
+            pieces.append((pos, ra - pos, "unmapped", 0))
+        p = ra
+        for ba, bs, req in live:
+            if ra <= ba < ra + rs:
+                if ba > p:
+                    pieces.append((p, ba - p, "free", 0))
+                pieces.append((ba, bs, "live", req))
+                p = ba + bs
+        if p < ra + rs:
+            pieces.append((p, ra + rs - p, "free", 0))
+        pos = ra + rs
+        engine.reserved_bytes += rs
+    if pos < addr + size:
+        pieces.append((pos, addr + size - pos, "unmapped", 0))
+    out, prev = {}, None
+    for pa, ps, kind, req in pieces:
+        b = Block(pa, ps, seg, prev, None, mapped=kind != "unmapped")
+        if prev is None:
+            seg.head = b
+        else:
+            prev.next = b
+        prev = b
+        if kind == "live":
+            b.allocated, b.requested = True, req
+            engine.allocated_bytes += ps
+            engine.active_bytes += ps
+            out[pa] = b
+        elif kind == "free":
+            engine._insert_free(fl, b)
+        else:
+            fl.unmapped[pa] = b
+    return out
 
 
 class _Replayer:
@@ -199,7 +258,7 @@ class _Replayer:
                     end = blocks[k + 1][0] if k + 1 < len(blocks) else base + size
                     if 0 < end - (a + n) <= SMALL_SIZE:
                         blocks[k] = (a, end - a, req)
-            made = self.engine.seed_segment(base, size, stream, pool, small, blocks)
+            made = seed_segment(self.engine, base, size, stream, pool, small, blocks)
             self._add_base(base, size, pool)
             self.trace_reserved += size
             for a, blk in made.items():
@@ -319,17 +378,6 @@ class _Replayer:
                             self.engine.reserved_bytes)
         if self.trace_reserved > self.peak_reserved:
             self.peak_reserved, self.peak_event = self.trace_reserved, i
-
-    def _trace_segment(self, i: int) -> None:
-        code, addr, size, stream = self.trace.events[i]
-        if code == SEG_ALLOC:
-            self.trace_reserved += size
-        elif code == SEG_FREE:
-            self.trace_reserved -= size
-        elif code == SEG_MAP:
-            self.trace_reserved += size
-        else:
-            self.trace_reserved -= size
 
     def _segment_pools(self, idx: Sequence[int]) -> set[tuple[int, int]]:
         pools = set()
@@ -460,12 +508,6 @@ class _Replayer:
             return True
         return code == SEG_MAP and bool(self.engine._ranges.get((pool, small, stream)))
 
-    def _final_pool_near(self, addr: int) -> tuple[int, int]:
-        for s in self.trace.segments:
-            if s["is_expandable"] and abs(s["address"] - addr) < self.range_size:
-                return s["pool_id"]
-        return DEFAULT_POOL
-
     def _oom(self, i: int, buf: list[int], size: int, stream: int) -> None:
         eng = self.engine
         eng.address_hook = None
@@ -545,60 +587,3 @@ def replay(trace: Trace, *, cap_bytes: int | None = None, total_memory: int | No
         run = r.run()
     run.oom_events = sum(1 for e in trace.events if e[0] == OOM)
     return run
-
-
-def what_if(base: Run, config: AllocatorConfig, settings: str, *, cap_bytes: int | None = None,
-            total_memory: int = 150_109_880_320, stop_at: int | None = None) -> tuple[Run, Engine]:
-    """Run the requests of a replay under ``config`` (and ``cap_bytes``) on a fresh engine.
-
-    Returns:
-        (the Run, the engine after the last request processed; ``stop_at`` stops after that
-        many requests, e.g. to read the layout at the peak).
-    """
-    with _no_gc():
-        return _what_if(base, config, settings, cap_bytes, total_memory, stop_at)
-
-
-def _what_if(base: Run, config: AllocatorConfig, settings: str, cap_bytes: int | None, total_memory: int,
-             stop_at: int | None) -> tuple[Run, Engine]:
-    eng = Engine(config, cap_bytes=cap_bytes, total_memory=total_memory)
-    run = Run(settings)
-    blocks: dict[int, Any] = {}
-    for key, req, stream, pool in base.initial:
-        try:
-            blocks[key] = eng.malloc(max(req, 1), stream, pool)
-        except EngineOutOfMemory:
-            run.oom_requests.append((-1, req))
-    malloc, free_req, free_done, empty = eng.malloc, eng.free_requested, eng.free_completed, eng.empty_cache
-    alloc_a, res_a = run.allocated, run.reserved
-    for k, r in enumerate(base.requests):
-        if stop_at is not None and k >= stop_at:
-            break
-        kind = r[0]
-        if kind == R_ALLOC:
-            try:
-                blocks[r[1]] = malloc(r[2], r[3], r[4])
-            except EngineOutOfMemory:
-                run.oom_requests.append((k, r[2]))
-        elif kind == R_FREE_REQ:
-            b = blocks.get(r[1])
-            if b is not None:
-                free_req(b)
-        elif kind == R_FREE_DONE:
-            b = blocks.pop(r[1], None)
-            if b is not None:
-                free_done(b)
-        elif kind == R_EMPTY:
-            empty(r[1])
-        else:  # a request that failed on the GPU: try it, and drop it at once if it fits
-            try:
-                b = malloc(r[1], r[2], r[3])
-                free_req(b)
-                free_done(b)
-            except EngineOutOfMemory:
-                run.oom_requests.append((k, r[1]))
-        alloc_a.append(eng.allocated_bytes)
-        res_a.append(eng.reserved_bytes)
-    run.events_replayed = len(alloc_a)
-    _finish(run, eng)
-    return run, eng

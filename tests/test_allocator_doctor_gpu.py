@@ -1,0 +1,55 @@
+"""The allocator doctor on a GPU: live snapshots replayed, and compared with the live counters.
+
+Each workload of ``alloc.doctor_snapshots`` runs in a fresh process (its settings are read
+when CUDA starts), returns its snapshot and the GPU's memory_stats after each phase; the
+doctor must replay the snapshot exactly and reach the same allocated and reserved bytes at
+every phase. One more test records inside this process, after other tests have left
+tensors and cached segments behind (a late start).
+"""
+import pytest
+
+from experiments.allocator.doctor import doctor
+from experiments.allocator.doctor_gpu import SETTINGS, compact_snapshot
+from experiments.allocator.replay import replay
+from experiments.allocator.trace import read
+from experiments.core.runner import run_fresh
+
+pytestmark = pytest.mark.gpu
+
+CASES = [(w, s) for w, settings in SETTINGS.items() for s in settings[:2]
+         if (w, s) != ("late_start", "expandable_segments:True")]   # not replayable: see the CPU tests
+
+
+@pytest.mark.parametrize("workload,settings", CASES, ids=[f"{w}[{s or 'default'}]" for w, s in CASES])
+def test_live_snapshot_replays_and_matches_the_counters(workload, settings):
+    value = run_fresh("experiments.allocator.doctor_gpu:snapshot_worker", {"workload": workload},
+                      alloc_conf_settings=settings or None, timeout_s=300).unwrap()
+    run = replay(read(value))
+    assert run.matches_trace, run.first_mismatch
+    marks = {i: (a, r) for i, a, r in run.marks}
+    for ph in value["phases"]:
+        if ph["trace_index"] == 0:
+            continue
+        i = ph["trace_index"] - 1 if ph["trace_index"] - 1 in marks else ph["trace_index"]
+        assert marks[i] == (ph["allocated_bytes.all.current"], ph["reserved_bytes.all.current"]), ph["phase"]
+    assert run.final_reserved_bytes == value["final"]["reserved_bytes.all.current"]
+
+
+def test_snapshot_of_this_process_started_late():
+    import torch
+
+    keep = [torch.empty(n, dtype=torch.uint8, device="cuda") for n in (3 << 20, 700 << 10, 25 << 20)]
+    torch.cuda.memory._record_memory_history(context=None, max_entries=100_000)
+    try:
+        more = [torch.empty(n, dtype=torch.uint8, device="cuda") for n in (5 << 20, 300 << 10, 40 << 20)]
+        del keep[1], more[0]
+        torch.cuda.synchronize()
+        snap = torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    reserved, allocated = torch.cuda.memory_reserved(), torch.cuda.memory_allocated()
+    rep = doctor(compact_snapshot(snap, device=torch.cuda.current_device()), what_if=["expandable_segments:True"])
+    assert rep.replay.matches_trace, rep.replay.first_mismatch
+    assert rep.replay.final_reserved_bytes == reserved
+    assert rep.replay.final_allocated_bytes == allocated
+    del keep, more
