@@ -241,3 +241,11 @@ def test_the_report_names_what_pins_the_reserved_memory():
     text = rep.text()
     assert "matches the trace exactly" in text and "pinned by live blocks" in text
     assert "expandable_segments:True" in text
+
+
+def test_an_unknown_trace_entry_stops_the_replay_there():
+    snap = _torch_form(RUNS[("streams", "")]["snapshot"])
+    snap["device_traces"][0].insert(10, {"action": "defragment", "addr": 0, "size": 0, "stream": 0})
+    run = replay(read(snap))
+    assert run.matches_trace is False
+    assert run.first_mismatch["event_index"] == 10 and "defragment" in run.first_mismatch["reason"]

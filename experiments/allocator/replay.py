@@ -347,8 +347,11 @@ class _Replayer:
                         self._flush_empty(i, buf)
                     run.marks.append((i, eng.allocated_bytes, eng.reserved_bytes))
                     continue
-                else:
+                elif code == OOM:
                     self._oom(i, buf, size, stream)
+                else:
+                    raise _Mismatch(i, trace.unknown.get(i, "?"), "a trace entry of a kind the doctor does not "
+                                    f"know ({trace.unknown.get(i)!r}); it cannot follow the allocator past it")
                 put_a(eng.allocated_bytes)
                 put_r(eng.reserved_bytes)
             if stop < n:           # stopped early on purpose: the state after event stop - 1

@@ -30,7 +30,7 @@ from typing import Any, Mapping, Sequence
 from .model import (LARGE_BUFFER, MiB, ROUNDUP_INTERVALS, AllocatorConfig)
 
 # Event codes: small ints keep the replay loop fast.
-ALLOC, FREE_REQ, FREE_DONE, SEG_ALLOC, SEG_FREE, SEG_MAP, SEG_UNMAP, SNAPSHOT, OOM = range(9)
+ALLOC, FREE_REQ, FREE_DONE, SEG_ALLOC, SEG_FREE, SEG_MAP, SEG_UNMAP, SNAPSHOT, OOM, UNKNOWN = range(10)
 ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
            "segment_unmap", "snapshot", "oom")
 _CODE = {a: i for i, a in enumerate(ACTIONS)}
@@ -107,6 +107,8 @@ class Trace:
         total_memory: the device's memory in bytes if the snapshot says (None otherwise).
         cap_bytes: the memory cap if the snapshot says (None otherwise).
         skipped: how many entries of ignored kinds (annotations) were dropped.
+        unknown: {event index: action} of entries of kinds the doctor does not know (their
+            code is UNKNOWN; the replay stops at the first).
     """
 
     events: list[tuple[int, int, int, int]]
@@ -116,6 +118,7 @@ class Trace:
     total_memory: int | None = None
     cap_bytes: int | None = None
     skipped: int = 0
+    unknown: dict[int, str] = dataclasses.field(default_factory=dict)
 
 
 def config_from_snapshot(settings: Mapping[str, Any] | None) -> tuple[str, AllocatorConfig]:
@@ -190,19 +193,21 @@ def read(source: str | Path | bytes | Mapping[str, Any], device: int = 0) -> Tra
     """Load a snapshot (see :func:`load`) and normalise one device's trace.
 
     Raises:
-        SnapshotError: not a snapshot, an entry of an unknown action, or non-numeric fields.
+        SnapshotError: not a snapshot, or entries with non-numeric fields.
     """
     if isinstance(device, bool) or not isinstance(device, int) or device < 0:
         raise SnapshotError(f"device must be a device index >= 0, got {device!r}")
     snap = load(source)
-    events, skipped = [], 0
+    events, skipped, unknown = [], 0, {}
     for i, row in enumerate(_trace_rows(snap, device)):
         code = _CODE.get(row[0])
         if code is None:
             if row[0] in IGNORED_ACTIONS:
                 skipped += 1
                 continue
-            raise SnapshotError(f"trace entry {i}: unknown action {row[0]!r} (known: {', '.join(ACTIONS)})")
+            # kept: the replay stops here and says so (a newer torch may trace more kinds)
+            unknown[len(events)] = str(row[0])
+            code = UNKNOWN
         try:
             events.append((code, int(row[1]), int(row[2]), int(row[3])))
         except (TypeError, ValueError):
@@ -232,7 +237,8 @@ def read(source: str | Path | bytes | Mapping[str, Any], device: int = 0) -> Tra
         text = str(snap["recorded_settings"])
     total = snap.get("device_total_bytes")
     cap = snap.get("memory_cap_bytes")
-    return Trace(events, segments, text, config, int(total) if total else None, int(cap) if cap else None, skipped)
+    return Trace(events, segments, text, config, int(total) if total else None, int(cap) if cap else None, skipped,
+                 unknown)
 
 
 __all__ = ["ACTIONS", "SnapshotError", "Trace", "config_from_snapshot", "load", "read", "LARGE_BUFFER"]
