@@ -25,9 +25,8 @@ from experiments.allocator.trace import (ALLOC, FREE_REQ, SnapshotError, config_
 RECORDED = Path(__file__).resolve().parent.parent / "experiments" / "recorded" / "alloc.doctor_snapshots" / "nvidia-h200.json"
 DOC = json.loads(RECORDED.read_text())
 RUNS = {(p["params"]["workload"], r["settings"]): r for p in DOC["points"] for r in p["data"]["runs"]}
-# The one recording the doctor cannot start: recording began after tensors existed, with
-# expandable segments (the mapped pages at the start are not in the trace).
-NOT_REPLAYABLE = {("late_start", "expandable_segments:True")}
+# Recordings the doctor cannot replay (none at present; a reason would be asserted below).
+NOT_REPLAYABLE: set[tuple[str, str]] = set()
 
 
 def _id(key):

@@ -16,8 +16,7 @@ from experiments.core.runner import run_fresh
 
 pytestmark = pytest.mark.gpu
 
-CASES = [(w, s) for w, settings in SETTINGS.items() for s in settings[:2]
-         if (w, s) != ("late_start", "expandable_segments:True")]   # not replayable: see the CPU tests
+CASES = [(w, s) for w, settings in SETTINGS.items() for s in settings[:2]]
 
 
 @pytest.mark.parametrize("workload,settings", CASES, ids=[f"{w}[{s or 'default'}]" for w, s in CASES])

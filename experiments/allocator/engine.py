@@ -254,7 +254,11 @@ class Engine:
             self.events = []
         self.active_bytes -= block.size
         seg = block.seg
-        fl = self._free[(seg.pool_id, seg.small, seg.stream)]
+        self._merge_insert(self._free[(seg.pool_id, seg.small, seg.stream)], block)
+
+    def _merge_insert(self, fl: _FreeList, block: Block) -> None:
+        # Absorb free mapped neighbours of the same segment (blocks waiting on events are not
+        # in the free list, so they stay apart), then cache the result (§A.8 try_merge_blocks).
         prev, nxt = block.prev, block.next
         if prev is not None and not prev.allocated and prev.mapped and prev.addr in fl.blocks:
             fl.remove(prev)
@@ -263,7 +267,7 @@ class Engine:
             if prev.prev is not None:
                 prev.prev.next = block
             else:
-                seg.head = block
+                block.seg.head = block
         if nxt is not None and not nxt.allocated and nxt.mapped and nxt.addr in fl.blocks:
             fl.remove(nxt)
             block.size += nxt.size
@@ -520,22 +524,7 @@ class Engine:
             fl.unmapped[rest.addr] = rest
         self.reserved_bytes += mapped
         self.events.append(("segment_map", block.addr, mapped))
-        prev = block.prev
-        if prev is not None and prev.mapped and not prev.allocated and prev.addr in fl.blocks:
-            fl.remove(prev)
-            block.addr, block.size, block.prev = prev.addr, block.size + prev.size, prev.prev
-            if prev.prev is not None:
-                prev.prev.next = block
-            else:
-                block.seg.head = block
-        nxt = block.next
-        if nxt is not None and nxt.mapped and not nxt.allocated and nxt.addr in fl.blocks:
-            fl.remove(nxt)
-            block.size += nxt.size
-            block.next = nxt.next
-            if nxt.next is not None:
-                nxt.next.prev = block
-        self._insert_free(fl, block)
+        self._merge_insert(fl, block)
         return block
 
     def _unmap(self, fl: _FreeList, block: Block) -> None:

@@ -32,9 +32,9 @@ from array import array
 from bisect import bisect_right, insort
 from typing import Any, Mapping, Sequence
 
-from .engine import DEFAULT_POOL, Block, Engine, EngineOutOfMemory, Segment
-from .model import SMALL_SIZE, AllocatorConfig, round_size
-from .trace import (ALLOC, FREE_DONE, FREE_REQ, OOM, SEG_ALLOC, SEG_FREE, SEG_MAP, SEG_UNMAP, SNAPSHOT,
+from .engine import DEFAULT_POOL, Engine, EngineOutOfMemory
+from .model import SMALL_SIZE, AllocatorConfig
+from .trace import (starting_state, ALLOC, FREE_DONE, FREE_REQ, OOM, SEG_ALLOC, SEG_FREE, SEG_MAP, SEG_UNMAP, SNAPSHOT,
                               ACTIONS, Trace)
 
 # request kinds
@@ -104,65 +104,6 @@ def _fmt_events(evs: Sequence[tuple[Any, int, int]]) -> list[list[Any]]:
     return [[_SEG_NAMES.get(a, a), addr, size] for a, addr, size in evs]
 
 
-def seed_segment(engine: Engine, addr: int, size: int, stream: int, pool_id: tuple[int, int], small: bool,
-                 blocks: list[tuple[int, int, int]], *, expandable: bool = False,
-                 mapped: list[tuple[int, int]] | None = None) -> dict[int, Block]:
-    """Create a segment that existed before a trace began (for late-started recordings).
-
-    Args:
-        blocks: live blocks as (address, size, requested_size) inside the segment; the
-            gaps become free blocks (merged, in the free lists).
-        mapped: for an expandable range, the mapped runs as (address, size); the rest of
-            the range stays unmapped.
-
-    Returns:
-        {address: block} of the live blocks.
-    """
-    seg = Segment(addr, size, stream, pool_id, small, expandable)
-    engine._segments[addr] = seg
-    if expandable:
-        engine._ranges.setdefault((pool_id, small, stream), []).append(seg)
-    fl = engine._list(pool_id, small, stream)
-    pieces: list[tuple[int, int, str, int]] = []
-    runs = sorted(mapped or [(addr, size)])
-    live = sorted(blocks)
-    pos = addr
-    for ra, rs in runs:
-        if ra > pos:
-            pieces.append((pos, ra - pos, "unmapped", 0))
-        p = ra
-        for ba, bs, req in live:
-            if ra <= ba < ra + rs:
-                if ba > p:
-                    pieces.append((p, ba - p, "free", 0))
-                pieces.append((ba, bs, "live", req))
-                p = ba + bs
-        if p < ra + rs:
-            pieces.append((p, ra + rs - p, "free", 0))
-        pos = ra + rs
-        engine.reserved_bytes += rs
-    if pos < addr + size:
-        pieces.append((pos, addr + size - pos, "unmapped", 0))
-    out, prev = {}, None
-    for pa, ps, kind, req in pieces:
-        b = Block(pa, ps, seg, prev, None, mapped=kind != "unmapped")
-        if prev is None:
-            seg.head = b
-        else:
-            prev.next = b
-        prev = b
-        if kind == "live":
-            b.allocated, b.requested = True, req
-            engine.allocated_bytes += ps
-            engine.active_bytes += ps
-            out[pa] = b
-        elif kind == "free":
-            engine._insert_free(fl, b)
-        else:
-            fl.unmapped[pa] = b
-    return out
-
-
 class _Replayer:
     def __init__(self, trace: Trace, cap_bytes: int | None, total_memory: int):
         self.trace = trace
@@ -203,69 +144,20 @@ class _Replayer:
         del self.seg_end[base]
         del self.seg_pool[base]
 
-    # -- the starting state of a late-started recording
-    def seed(self) -> list[tuple[int, int, int, tuple[int, int]]]:
-        ev = self.trace.events
-        live_segs: set[int] = set()
-        live_blocks: set[int] = set()
-        init_segs: dict[int, tuple[int, int]] = {}
-        init_blocks: dict[int, tuple[int, int]] = {}
-        for code, addr, size, stream in ev:
-            if code == SEG_ALLOC:
-                live_segs.add(addr)
-            elif code == SEG_FREE:
-                if addr not in live_segs:
-                    init_segs.setdefault(addr, (size, stream))
-                live_segs.discard(addr)
-            elif code == ALLOC:
-                live_blocks.add(addr)
-            elif code == FREE_REQ:
-                if addr not in live_blocks:
-                    init_blocks.setdefault(addr, (size, stream))
-                    live_blocks.add(addr)
-            elif code == FREE_DONE:
-                live_blocks.discard(addr)
-        final_blocks = {}
-        for s in self.trace.segments:
-            if not s["is_expandable"] and s["address"] not in live_segs and s["address"] not in init_segs:
-                init_segs[s["address"]] = (s["total_size"], s["stream"])
-            for a, size, req, state in s["blocks"]:
-                if state != "inactive" and a not in live_blocks and a not in init_blocks:
-                    final_blocks[a] = (size, req)
-        if not init_segs and not init_blocks and not final_blocks:
-            return []
-        if self.expandable and (init_blocks or final_blocks):
-            raise _Mismatch(0, "alloc", "the recording started after tensors existed and expandable segments "
-                            "were on; the doctor rebuilds the starting state only for ordinary segments")
-        seeded = []
-        cfg = self.trace.config
-        for base in sorted(init_segs):
-            size, stream = init_segs[base]
-            pool = self.final_pool.get(base, DEFAULT_POOL)
-            blocks = []
-            for a, (req, _) in init_blocks.items():
-                if base <= a < base + size:
-                    blocks.append((a, round_size(max(req, 1), cfg), req))
-            for a, (bsize, req) in final_blocks.items():
-                if base <= a < base + size:
-                    blocks.append((a, bsize, req))
-            small = size <= 2 * SMALL_SIZE and all(b[1] <= SMALL_SIZE for b in blocks)
-            if not small:
-                # A large-pool block is > 1 MiB, so a gap of at most 1 MiB after a live block is
-                # the remainder that block's split did not cut off (§A.7): it belongs to the block.
-                blocks.sort()
-                for k, (a, n, req) in enumerate(blocks):
-                    end = blocks[k + 1][0] if k + 1 < len(blocks) else base + size
-                    if 0 < end - (a + n) <= SMALL_SIZE:
-                        blocks[k] = (a, end - a, req)
-            made = seed_segment(self.engine, base, size, stream, pool, small, blocks)
+    def _seed(self) -> list[tuple[int, int, int, tuple[int, int]]]:
+        """Blocks and segments from before the recording (see trace.starting_state)."""
+        state = starting_state(self.trace, self.engine)
+        for base, size, pool in state.bases:
             self._add_base(base, size, pool)
-            self.trace_reserved += size
-            for a, blk in made.items():
-                self.live[a] = blk
-                self.keys[a] = self.next_key
-                seeded.append((self.next_key, blk.requested, stream, pool))
-                self.next_key += 1
+        self.trace_reserved += state.reserved
+        seeded = []
+        for addr, blk, stream, pool in state.blocks:
+            self.live[addr] = blk
+            self.keys[addr] = self.next_key
+            seeded.append((self.next_key, blk.requested, stream, pool))
+            self.next_key += 1
+        if state.unsupported:
+            raise _Mismatch(0, "alloc", state.unsupported)
         return seeded
 
     def run(self) -> Run:
@@ -292,7 +184,7 @@ class _Replayer:
         malloc, free_req, free_done = eng.malloc, eng.free_requested, eng.free_completed
         i = 0
         try:
-            run.initial = self.seed()
+            run.initial = self._seed()
             stop = n if self.stop_at is None else min(n, self.stop_at)
             for i in range(stop):
                 code, addr, size, stream = ev[i]
