@@ -248,3 +248,32 @@ def test_an_unknown_trace_entry_stops_the_replay_there():
     run = replay(read(snap))
     assert run.matches_trace is False
     assert run.first_mismatch["event_index"] == 10 and "defragment" in run.first_mismatch["reason"]
+
+
+def test_recording_takes_one_fresh_process_per_workload_and_setting(monkeypatch):
+    """Settings are read once per process: each (workload, setting) gets its own, 21 in all."""
+    from experiments.allocator import doctor_gpu
+    from experiments.core import device, runner
+
+    calls = []
+
+    class Fake:
+        def __init__(self, value):
+            self.value = value
+
+        def unwrap(self):
+            return self.value
+
+    def fake_run_fresh(target, kwargs, alloc_conf_settings=None, timeout_s=0):
+        calls.append((kwargs["workload"], alloc_conf_settings or ""))
+        return Fake({k: v for k, v in RUNS[(kwargs["workload"], alloc_conf_settings or "")].items() if k != "settings"})
+
+    monkeypatch.setattr(runner, "run_fresh", fake_run_fresh)
+    monkeypatch.setattr(device, "require_cuda", lambda *a, **k: None)
+    for w in doctor_gpu.WORKLOADS:
+        out = doctor_gpu.doctor_snapshots(workload=w)
+        assert [r["settings"] for r in out["runs"]] == list(doctor_gpu.SETTINGS[w])
+    assert sorted(calls) == sorted(RUNS)
+    assert len(calls) == 21
+    with pytest.raises(ValueError, match="workload"):
+        doctor_gpu.doctor_snapshots(workload="resnet")

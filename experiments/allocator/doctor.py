@@ -272,6 +272,24 @@ def lab_comparison(result: Any, workload_settings: str = "") -> list[dict[str, A
     return rows
 
 
+def plot_doctor(result: Any, workload_settings: str = "") -> Any:
+    """The what-if figure for a result of ``alloc.doctor_snapshots``: the run recorded under
+    ``workload_settings`` replayed, every other run's setting as a what-if, stamped with
+    where the recording came from.
+
+    Raises:
+        ValueError: ``result`` has no run under ``workload_settings``.
+    """
+    from ..core.plotting import stamp
+
+    runs = result["runs"]
+    base = next((r for r in runs if r["settings"] == workload_settings), None)
+    if base is None:
+        raise ValueError(f"workload_settings must be one of {[r['settings'] for r in runs]}, got {workload_settings!r}")
+    rep = doctor(base, what_if=[r["settings"] for r in runs if r is not base])
+    return stamp(rep.figure(), result) if hasattr(result, "caption") else rep.figure()
+
+
 def lab_comparison_table(rows: Sequence[Mapping[str, Any]]) -> str:
     """:func:`lab_comparison` as text, in MiB."""
     head = f"{'setting':34s} {'what-if peak':>13s} {'GPU peak':>10s} {'what-if end':>12s} {'GPU end':>9s}  (MiB reserved)"
@@ -354,4 +372,5 @@ def run_cli(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["Report", "SnapshotError", "doctor", "add_parser", "lab_comparison", "lab_comparison_table", "run_cli"]
+__all__ = ["Report", "SnapshotError", "doctor", "add_parser", "lab_comparison", "lab_comparison_table", "plot_doctor",
+           "run_cli"]
