@@ -277,3 +277,14 @@ def test_recording_takes_one_fresh_process_per_workload_and_setting(monkeypatch)
     assert len(calls) == 21
     with pytest.raises(ValueError, match="workload"):
         doctor_gpu.doctor_snapshots(workload="resnet")
+
+
+def test_the_exercise_answer_comes_from_the_gpus_runs():
+    from experiments.allocator.checks import check_doctor_setting
+
+    gpu = {s: RUNS[("training", s)]["final"]["reserved_bytes.all.current"]
+           for s in ("", "max_split_size_mb:64", "roundup_power2_divisions:4")}
+    assert gpu[""] < gpu["max_split_size_mb:64"] and gpu[""] < gpu["roundup_power2_divisions:4"]  # 'neither'
+    assert check_doctor_setting("d").correct and check_doctor_setting(" D ").correct
+    assert not check_doctor_setting("c").correct
+    assert check_doctor_setting(None).correct is not True

@@ -694,37 +694,41 @@ print(report.text())
 report.figure()
 
 # %% [markdown]
-# ```{exercise} Which setting helps this training loop?
+# ```{exercise} Do the other knobs help this training loop?
 # :label: ex-alloc-doctor
 #
-# The loop's batches grow from 24 to 48. Which of `al.DOCTOR_SETTINGS` leaves it with the
-# least memory reserved at the end? Predict first, then run the cell after the check: it
-# lists the doctor's what-ifs next to the GPU's own runs under each setting.
+# Expandable segments save about a quarter of the reserved memory here. What about the
+# other two knobs of this chapter, `max_split_size_mb:64` and
+# `roundup_power2_divisions:4`? Predict which of them leaves the loop with less memory
+# reserved than the defaults (one of `al.DOCTOR_SETTINGS`), then run the cell after the
+# check: it replays the snapshot under every setting the lab recorded, and lists the
+# doctor's what-ifs next to the GPU's own runs under each setting.
 # ```
 
 # %%
-for key, setting in al.DOCTOR_SETTINGS.items():
-    print(key, setting)
-al.check_doctor_setting(None)  # "a", "b" or "c"
+for key, text in al.DOCTOR_SETTINGS.items():
+    print(key, text)
+al.check_doctor_setting(None)  # "a", "b", "c" or "d"
 
 # %% tags=["hide-output"]
 print(al.lab_comparison_table(al.lab_comparison(training)))
+al.plot_doctor(training)
 
 # %% [markdown]
 # ```{solution} ex-alloc-doctor
 # :class: dropdown
 #
-# **Expandable segments (a).** Each batch size asks for slightly larger activation
-# tensors. With ordinary segments, the freed activations of the smaller batch stay cached
-# in segments that are a little too small, and the bigger batch gets new ones: the classic
-# "batch N, then N + 1" growth of this chapter. Expandable segments map pages into one
-# range per stream and pool, so the larger tensors reuse the same range.
-# `max_split_size_mb:64` only changes blocks of 64 MiB and more, which this model does not
-# have, and forbids splitting cached blocks that large, so it reserves more; rounding to
-# quarter steps makes every block a little larger. The doctor's row for the recorded
-# setting is the exact replay; its what-ifs for expandable segments and the rounding
-# equal the GPU's own runs to the byte, and the `max_split_size_mb` one is within 3 %
-# (which of two equal free blocks is reused depends on addresses the driver picks).
+# **Neither (d).** Each batch size asks for slightly larger activation tensors. With
+# ordinary segments the freed activations of the smaller batch stay cached in segments
+# that are a little too small, and the bigger batch gets new ones: the "batch N, then
+# N + 1" growth of this chapter, which expandable segments avoid by growing one mapped
+# range. `max_split_size_mb:64` does nothing for tensors below 64 MiB except keep large
+# cached blocks whole, so more segments are needed; rounding to quarter steps makes the
+# growing requests share sizes, but every block is a little larger, and here that costs
+# more than it saves. The doctor's row for the recorded setting is the exact replay; its
+# what-ifs for expandable segments and for the rounding equal the GPU's own runs to the
+# byte, and the `max_split_size_mb` one is within 3 % (which of two equal free blocks is
+# reused depends on addresses the driver picks, and a what-if cannot know them).
 # ```
 
 # %% [markdown]

@@ -354,16 +354,18 @@ def try_sequence(ops: Sequence[Sequence[Any]], *, settings: Mapping[str, Any] | 
 
 
 DOCTOR_SETTINGS = {
-    "a": "expandable_segments:True",
-    "b": "max_split_size_mb:64",
-    "c": "roundup_power2_divisions:4",
+    "a": "both settings reserve less than the defaults",
+    "b": "only max_split_size_mb:64 does",
+    "c": "only roundup_power2_divisions:4 does",
+    "d": "neither does",
 }
 
 
 def check_doctor_setting(answer: str | None, *, result: Any = None) -> Feedback:
-    """Which of ``DOCTOR_SETTINGS`` leaves the transformer's training loop (batch sizes growing
-    from 24 to 48, ``alloc.doctor_snapshots``, workload 'training') with the least memory
-    reserved? The right answer is read from the GPU's own runs under each setting.
+    """The transformer's training loop (``alloc.doctor_snapshots``, workload 'training'): which
+    of ``max_split_size_mb:64`` and ``roundup_power2_divisions:4`` leaves it with less memory
+    reserved than the default settings (one of ``DOCTOR_SETTINGS``)? The right answer is read
+    from the GPU's own runs under each setting.
 
     Args:
         result: a result of ``alloc.doctor_snapshots`` for workload 'training' (default: the
@@ -373,18 +375,14 @@ def check_doctor_setting(answer: str | None, *, result: Any = None) -> Feedback:
         from ..core.registry import run
 
         result = run("alloc.doctor_snapshots", workload="training")
-    final = {r["settings"]: r["final"]["reserved_bytes.all.current"] for r in result["runs"]}
-    mib = {k: final[v] / 2**20 for k, v in DOCTOR_SETTINGS.items()}
-    best = min(mib, key=mib.get)
-    default = final.get("", 0) / 2**20
-    why = {
-        "a": f"expandable segments: {mib['a']:.0f} MiB against {default:.0f} MiB with the defaults. Each batch size "
-             "asks for slightly larger activations; with expandable segments they grow one mapped range instead of "
-             "needing new, slightly larger segments while the old ones stay cached.",
-        "b": f"max_split_size_mb:64: {mib['b']:.0f} MiB. The activations are far below 64 MiB, so the setting only "
-             "stops large cached blocks from being split for them, and more segments are needed.",
-        "c": f"roundup_power2_divisions:4: {mib['c']:.0f} MiB. Rounding to quarter steps makes the growing requests "
-             "share sizes, but every block is a little bigger.",
-    }
-    return check_choice(answer, best, name="your answer",
-                        explanations={k: ("Yes: " if k == best else "No: ") + v for k, v in why.items()})
+    final = {r["settings"]: r["final"]["reserved_bytes.all.current"] / 2**20 for r in result["runs"]}
+    default, split, rounding = final[""], final["max_split_size_mb:64"], final["roundup_power2_divisions:4"]
+    best = {(True, True): "a", (True, False): "b", (False, True): "c", (False, False): "d"}[
+        (split < default, rounding < default)]
+    figures = (f"defaults {default:.0f} MiB, max_split_size_mb:64 {split:.0f} MiB, "
+               f"roundup_power2_divisions:4 {rounding:.0f} MiB reserved at the end")
+    why = ("max_split_size_mb only changes blocks of 64 MiB or more: it keeps large cached blocks whole, so the "
+           "loop's smaller tensors need segments of their own; rounding to quarter steps lets the growing "
+           "requests share sizes, but makes every block a little larger.")
+    return check_choice(answer, best, name="your answer", explanations={
+        k: ("Yes: " if k == best else "No: ") + figures + ". " + why for k in DOCTOR_SETTINGS})
