@@ -773,81 +773,8 @@ def test_try_sequence_without_a_gpu(monkeypatch):
         allocator.try_sequence([("malloc", "a", 1)])
 
 
-<<<<<<< HEAD
 # --------------------------------------------------------------------------- the OOM parser on the lab's messages
 # (the recordings against the model: tests/test_oracles.py; against the text: tests/test_recording_acceptance.py)
-=======
-
-
-# --------------------------------------------------------------------------- the lab recording itself
-
-RECORDED_POINTS = [(e.id, pt) for e in registry.all_experiments(1) for pt in e.grid]
-PLOTS = {"alloc.request_table": allocator.plot_request_table, "alloc.anatomy": allocator.plot_anatomy,
-         "alloc.timeline": allocator.plot_timeline, "alloc.fragmentation_oom": allocator.plot_fragmentation_oom,
-         "alloc.graph_pools": allocator.plot_graph_pools, "alloc.pool_boundary": allocator.plot_pool_boundary,
-         "alloc.knobs": allocator.plot_knobs, "alloc.doctor_snapshots": allocator.plot_doctor}
-
-
-@pytest.mark.parametrize("exp_id, point", RECORDED_POINTS, ids=[f"{e}-{store.params_key(p)}" for e, p in RECORDED_POINTS])
-def test_lab_recording_renders(exp_id, point, lab):
-    fig = PLOTS[exp_id](lab(exp_id, **point))
-    assert isinstance(fig, Figure) and any("Recorded on NVIDIA H200" in t.get_text() for t in fig.texts)
-
-
-def test_lab_recording_agrees_with_the_model(lab):
-    """The model predicts every recorded allocator number (streams, graphs and drivers aside)."""
-    for p in lab("alloc.request_table").data["probes"]:
-        assert (p["block_bytes"], p["segment_bytes"], p["pool"]) == (
-            p["predicted"]["block_bytes"], p["predicted"]["segment_bytes"], p["predicted"]["pool"]), p["request_bytes"]
-    for pt in registry.get("alloc.anatomy").grid:
-        assert lab("alloc.anatomy", **pt).data["matches_model"], pt
-    for small_mib in allocator.TIMELINE_SMALL_MIB:
-        for expandable in (False, True):
-            for order, o in lab("alloc.timeline", small_mib=small_mib, expandable=expandable).data["orders"].items():
-                assert o["expandable_in_effect"] is expandable, (small_mib, expandable, order)
-                assert o["reserved_bytes"] == o["predicted_reserved_bytes"], (small_mib, expandable, order)
-                assert o["allocated_bytes"] == o["predicted_allocated_bytes"], (small_mib, expandable, order)
-    for pt in registry.get("alloc.fragmentation_oom").grid:
-        for name, p in lab("alloc.fragmentation_oom", **pt).data["patterns"].items():
-            assert p["expandable_in_effect"] is pt["expandable"], (pt, name)
-            assert (p["oom"], p["oom_step"]) == (p["predicted_oom"], p["predicted_oom_step"]), (pt, name)
-            assert p["reserved_after_bytes"] == p["predicted_reserved_after_bytes"], (pt, name)
-    for expandable in (False, True):
-        sw = lab("alloc.pool_boundary", expandable=expandable).data["sweep"]
-        assert sw["reserved_bytes"] == sw["predicted_reserved_bytes"], expandable
-    for name, k in lab("alloc.knobs").data["knobs"].items():
-        for run in ("default", "knob", "expandable"):
-            assert k[run]["reserved_bytes"] == k["predicted"][run], (name, run)
-
-
-def test_lab_recording_of_graph_pools_agrees_with_the_model(lab):
-    """The shared pool holds what the model says the captures ask for, capture by capture."""
-    for expandable in (False, True):
-        d = lab("alloc.graph_pools", expandable=expandable).data
-        assert d["expandable_in_effect"] is expandable
-        pred = allocator.predict_graph_pools(d, expandable)
-        for variant, orders in alloc_predict._graph_variants(d).items():
-            for order, o in orders.items():
-                assert o["pool_reserved_bytes"] == pred[variant][order][-1], (expandable, variant, order)
-                if o.get("pool_after_each_bytes") is not None:
-                    assert o["pool_after_each_bytes"] == pred[variant][order], (expandable, variant, order)
-                outside = [g - p for g, p in zip(o["growth_after_each_bytes"], pred[variant][order])]
-                assert len(set(outside)) == 1 and 0 <= outside[0] <= 4 * MiB, (expandable, variant, order, outside)
-                assert o["left_after_release_bytes"] <= 4 * MiB
-
-
-def test_lab_recording_shows_the_posts_numbers(lab):
-    """The post's own numbers (seed-posts.md §4.2), as the lab GPU measured them."""
-    t = lab("alloc.timeline", small_mib=16, expandable=False).data["orders"]
-    assert {o: t[o]["reserved_bytes"][t[o]["phase_ends"][2]] // MiB for o in t} == {"small_first": 256,
-                                                                                    "large_first": 128}
-    e = lab("alloc.timeline", small_mib=16, expandable=True).data["orders"]["small_first"]["reserved_bytes"]
-    assert [r // MiB for r in e[:8]] == [20, 40, 60, 80, 80, 100, 120, 140]
-    sw = lab("alloc.pool_boundary").data["sweep"]
-    reserved = dict(zip(sw["sizes_bytes"], sw["reserved_bytes"]))
-    assert (reserved[512 * 1024] // MiB, reserved[2 * MiB] // MiB) == (22, 20)
-
->>>>>>> 1d07607 (Doctor: plot_doctor renders a recorded point (stamped); the chapter-recording test keeps its five-process budget without the doctor's recordings, which get their own test (21 processes, one per workload and setting))
 
 def test_lab_oom_message_reads_back(lab):
     for pt in registry.get("alloc.fragmentation_oom").grid:

@@ -712,7 +712,7 @@ al.check_doctor_setting(None)  # "a", "b", "c" or "d"
 
 # %% tags=["hide-output"]
 print(al.lab_comparison_table(al.lab_comparison(training)))
-al.plot_doctor(training)
+al.plot_doctor_snapshots(training)
 
 # %% [markdown]
 # ```{solution} ex-alloc-doctor

@@ -272,7 +272,7 @@ def lab_comparison(result: Any, workload_settings: str = "") -> list[dict[str, A
     return rows
 
 
-def plot_doctor(result: Any, workload_settings: str = "") -> Any:
+def plot_doctor_snapshots(result: Any, workload_settings: str = "") -> Any:
     """The what-if figure for a result of ``alloc.doctor_snapshots``: the run recorded under
     ``workload_settings`` replayed, every other run's setting as a what-if, stamped with
     where the recording came from.
@@ -372,5 +372,5 @@ def run_cli(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["Report", "SnapshotError", "doctor", "add_parser", "lab_comparison", "lab_comparison_table", "plot_doctor",
+__all__ = ["Report", "SnapshotError", "doctor", "add_parser", "lab_comparison", "lab_comparison_table", "plot_doctor_snapshots",
            "run_cli"]
