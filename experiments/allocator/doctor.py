@@ -372,5 +372,5 @@ def run_cli(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["Report", "SnapshotError", "doctor", "add_parser", "lab_comparison", "lab_comparison_table", "plot_doctor_snapshots",
-           "run_cli"]
+__all__ = ["Report", "SnapshotError", "add_parser", "doctor", "lab_comparison", "lab_comparison_table",
+           "plot_doctor_snapshots", "run_cli", "what_if"]
