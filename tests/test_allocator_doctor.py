@@ -288,3 +288,10 @@ def test_the_exercise_answer_comes_from_the_gpus_runs():
     assert check_doctor_setting("d").correct and check_doctor_setting(" D ").correct
     assert not check_doctor_setting("c").correct
     assert check_doctor_setting(None).correct is not True
+
+
+def test_simulate_points_a_snapshot_to_the_doctor():
+    from experiments.allocator.model import simulate
+
+    with pytest.raises(ValueError, match="al.doctor"):
+        simulate(RUNS[("streams", "")]["snapshot"])

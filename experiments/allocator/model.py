@@ -337,6 +337,9 @@ def normalize_ops(ops: Iterable[Sequence[Any]]) -> list[list[Any]]:
         ValueError: an unknown operation, a bad size, allocating a live name again, or
             freeing a name that is not live (each message names the operation's index).
     """
+    if isinstance(ops, Mapping) and ("device_traces" in ops or "trace_z" in ops):
+        raise ValueError("this is a memory snapshot, not a list of operations: replay it with "
+                         "al.doctor(snapshot) (experiments.allocator.doctor)")
     out: list[list[Any]] = []
     live: set[str] = set()
     labels: set[str] = set()
