@@ -82,12 +82,14 @@ def _requests(key):
 
 
 # What-ifs from the default run equal the run recorded under the other setting, exactly.
-# The others differ because which of two equal free blocks is reused depends on the
-# driver's segment addresses (allocator-rules.md §I.3), which a what-if cannot know.
+# The others differ: which of two equal free blocks is reused depends on the driver's
+# segment addresses (allocator-rules.md §I.3), which a what-if knows only while it makes the
+# same cudaMalloc/cudaFree calls as the recorded run; and an empty_cache() that released
+# nothing leaves no trace entry, so a what-if cannot repeat it ('mixed' calls it often).
 EXACT_WHAT_IFS = [("streams", "expandable_segments:True"), ("pools", "expandable_segments:True"),
                   ("cap", "expandable_segments:True"), ("cap", "max_split_size_mb:64"),
                   ("cap", "garbage_collection_threshold:0.6"), ("expandable_range", "expandable_segments:True"),
-                  ("training", "expandable_segments:True"), ("training", "roundup_power2_divisions:4")]
+                  ("training", "expandable_segments:True"), ("training", "max_split_size_mb:64")]
 
 
 @pytest.mark.parametrize("key", EXACT_WHAT_IFS, ids=_id)
@@ -105,7 +107,7 @@ def test_what_if_equals_the_run_recorded_under_that_setting(replays, key):
 
 def test_what_if_for_the_real_model_ranks_the_settings_like_the_gpu(replays):
     """Training loop: expandable segments reserve the least, max_split_size_mb:64 the most,
-    on the GPU and in the what-if (the what-if's max_split figure is within 3 % of the GPU's)."""
+    on the GPU and in the what-if, and every what-if is within 3 % of the GPU's own run."""
     base_trace, base = replays[("training", "")]
     got = {}
     for s in ("expandable_segments:True", "max_split_size_mb:64", "roundup_power2_divisions:4"):
@@ -113,7 +115,8 @@ def test_what_if_for_the_real_model_ranks_the_settings_like_the_gpu(replays):
         got[s] = run.final_reserved_bytes
     gpu = {s: RUNS[("training", s)]["final"]["reserved_bytes.all.current"] for s in got}
     assert sorted(got, key=got.get) == sorted(gpu, key=gpu.get)
-    assert abs(got["max_split_size_mb:64"] - gpu["max_split_size_mb:64"]) <= 0.03 * gpu["max_split_size_mb:64"]
+    for s in got:
+        assert abs(got[s] - gpu[s]) <= 0.03 * gpu[s], s
 
 
 def test_expandable_range_is_one_and_an_eighth_of_the_device():

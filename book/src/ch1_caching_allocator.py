@@ -726,9 +726,10 @@ al.plot_doctor_snapshots(training)
 # cached blocks whole, so more segments are needed; rounding to quarter steps makes the
 # growing requests share sizes, but every block is a little larger, and here that costs
 # more than it saves. The doctor's row for the recorded setting is the exact replay; its
-# what-ifs for expandable segments and for the rounding equal the GPU's own runs to the
-# byte, and the `max_split_size_mb` one is within 3 % (which of two equal free blocks is
-# reused depends on addresses the driver picks, and a what-if cannot know them).
+# what-ifs for expandable segments and for `max_split_size_mb` equal the GPU's own runs to
+# the byte, and the rounding one is within 3 % (which of two equal free blocks is reused
+# depends on the addresses the driver picks, which a what-if knows only while it asks the
+# driver for the same segments as the recorded run did).
 # ```
 
 # %% [markdown]

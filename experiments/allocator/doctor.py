@@ -42,9 +42,49 @@ def what_if(base: Run, config: AllocatorConfig, settings: str, *, cap_bytes: int
         return _run_requests(base, config, settings, cap_bytes, total_memory, stop_at)
 
 
+class _DriverSync:
+    """Follows a recorded run's driver calls while a what-if makes the same ones (see what_if)."""
+
+    def __init__(self, log: Sequence[tuple[str, int, int]], eng: Engine):
+        self.log, self.eng, self.pos, self.on, self.seen = log, eng, 0, bool(log), 0
+
+    def follow(self) -> None:
+        """Check the releases of the operation just done against the log."""
+        evs = self.eng.events
+        for a, addr, size in evs[self.seen:]:
+            if a == "segment_free":
+                if self.pos < len(self.log) and self.log[self.pos] == (a, addr, size):
+                    self.pos += 1
+                else:
+                    self.on = False
+                    break
+        self.seen = 0
+
+    def address(self, size: int) -> int | None:
+        if not self.on:
+            return None
+        self.follow()
+        self.seen = len(self.eng.events)
+        want = "range" if self.eng.config.expandable_segments else "segment_alloc"
+        if self.on and self.pos < len(self.log):
+            a, addr, s = self.log[self.pos]
+            if a == want and s == size and self.eng.is_free_range(addr, size):
+                self.pos += 1
+                return addr
+        self.on = False
+        return None
+
+
 def _run_requests(base: Run, config: AllocatorConfig, settings: str, cap_bytes: int | None, total_memory: int,
              stop_at: int | None) -> tuple[Run, Engine]:
     eng = Engine(config, cap_bytes=cap_bytes, total_memory=total_memory)
+    # The driver picks segment addresses from the history of cudaMalloc and cudaFree calls.
+    # While the what-if makes the same calls as the GPU's run, in the same order, it takes
+    # the GPU's addresses (ties between equal free blocks go by address); from the first
+    # difference on, addresses of its own.
+    sync = _DriverSync(base.segment_log, eng)
+    address = sync.address
+    eng.address_hook = address
     run = Run(settings)
     blocks: dict[int, Any] = {}
     for key, req, stream, pool in base.initial:
@@ -80,6 +120,8 @@ def _run_requests(base: Run, config: AllocatorConfig, settings: str, cap_bytes: 
                 free_done(b)
             except EngineOutOfMemory:
                 run.oom_requests.append((k, r[1]))
+        if sync.on and eng.events:
+            sync.follow()
         alloc_a.append(eng.allocated_bytes)
         res_a.append(eng.reserved_bytes)
     run.events_replayed = len(alloc_a)

@@ -94,10 +94,11 @@ class _FreeList:
 
 
 class _AddressSpace:
-    """Top-down first fit over a 2^47-byte space: where a driver-free run puts new segments."""
+    """Top-down first fit over [2^48, 2^49): where a run without the driver's addresses puts segments."""
 
     def __init__(self) -> None:
-        self.free = [(1 << 40, 1 << 47)]  # (start, end), sorted by start
+        # above every user-space address a driver hands out, so it never meets a recorded one
+        self.free = [(1 << 48, 1 << 49)]  # (start, end), sorted by start
 
     def take(self, size: int) -> int:
         size = -(-size // SMALL_BUFFER) * SMALL_BUFFER
@@ -169,8 +170,8 @@ class Engine:
         self._gc_counting = cap_bytes is not None and config.garbage_collection_threshold > 0
         self._split_limit = config.max_split_size if config.max_split_size is not None else 1 << 62
         self._split_limit_none = config.max_split_size is None
-        # Called for the base of each new segment or range; returning None lets the engine choose.
-        self.address_hook: Callable[[], int | None] | None = None
+        # Called with the size of each new segment or range for its base; None lets the engine choose.
+        self.address_hook: Callable[[int], int | None] | None = None
 
     # ------------------------------------------------------------------ public operations
 
@@ -373,9 +374,13 @@ class Engine:
             raise EngineOutOfMemory(nbytes, size, alloc, self.allocated_bytes, self.reserved_bytes)
         return block
 
+    def is_free_range(self, addr: int, size: int) -> bool:
+        """Whether [addr, addr + size) overlaps none of this engine's segments or ranges."""
+        return all(addr + size <= s.addr or s.addr + s.size <= addr for s in self._segments.values())
+
     def _next_address(self, size: int) -> int:
         if self.address_hook is not None:
-            addr = self.address_hook()
+            addr = self.address_hook(size)
             if addr is not None:
                 return addr
         if self._addresses:

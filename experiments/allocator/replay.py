@@ -61,6 +61,9 @@ class Run:
         initial: the blocks rebuilt for a late-started recording, (key, requested, stream, pool).
         marks: (trace index, allocated, reserved) at each 'snapshot' entry (replay only).
         peak_event: the trace event after which reserved bytes peaked (replay only).
+        segment_log: (action, address, size) of every segment the GPU allocated or freed and of
+            every expandable range it reserved, in order (replay only; a what-if takes the
+            GPU's addresses while its own calls to the driver are the same).
     """
 
     settings: str
@@ -81,6 +84,7 @@ class Run:
     initial: list[tuple[int, int, int, tuple[int, int]]] = dataclasses.field(default_factory=list)
     marks: list[tuple[int, int, int]] = dataclasses.field(default_factory=list)
     peak_event: int = 0
+    segment_log: list[tuple[str, int, int]] = dataclasses.field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
         """The JSON fields of the doctor's report for this run."""
@@ -121,6 +125,7 @@ class _Replayer:
         self.private_context: tuple[int, int] | None = None
         self.inferred = 0
         self.peak_reserved, self.peak_event = -1, 0
+        self.segment_log: list[tuple[str, int, int]] = []   # the driver's view: cudaMalloc / cudaFree / new range
         self.stop_at: int | None = None
         self.expandable = trace.config.expandable_segments
         self.range_size = self.engine.range_size(False) if self.expandable else 0
@@ -263,6 +268,7 @@ class _Replayer:
         run.events_replayed = i
         run.requests = reqs
         run.peak_event = self.peak_event
+        run.segment_log = self.segment_log
         _finish(run, eng)
         return run
 
@@ -295,10 +301,13 @@ class _Replayer:
         for c, addr, size in expected:
             if c == SEG_FREE:
                 self._drop_base(addr)
+                self.segment_log.append(("segment_free", addr, size))
             elif c == SEG_ALLOC:
                 self._add_base(addr, size, pool)
+                self.segment_log.append(("segment_alloc", addr, size))
             elif c == SEG_MAP and self._containing(addr) is None:
                 self._add_base(addr, self.engine.range_size(small), pool)
+                self.segment_log.append(("range", addr, self.engine.range_size(small)))
 
     def _flush_empty(self, i: int, buf: list[int], check: bool = True) -> None:
         if not buf:
@@ -373,7 +382,7 @@ class _Replayer:
             buf[:] = rest
         expected = [ev[j] for j in buf]
 
-        def address() -> int | None:
+        def address(_size: int) -> int | None:
             # the engine is about to emit its next segment event: take the GPU's address for it
             k = len(eng.events)
             if k < len(expected) and expected[k][0] in (SEG_ALLOC, SEG_MAP):
