@@ -217,7 +217,8 @@ class Report:
             lines.append("replay: matches the trace exactly (every segment event, block address and reserved byte)")
         else:
             m = r.first_mismatch or {}
-            lines.append(f"replay: stops at trace event {m.get('event_index')} ({m.get('action')}): {m.get('reason')}")
+            lines.append(f"replay: stops at trace event {m.get('event_index')} ({m.get('action')}): {m.get('reason')}; "
+                         "the figures below cover the events before it")
         layout = self.peak_layout(r)
         stats = _layout_stats(layout)
         lines.append(f"peak reserved {format_bytes(r.peak_reserved_bytes)}, peak allocated "
