@@ -283,6 +283,17 @@ class Report:
         display(self.figure())
 
 
+def _recorded_point(result: Any, workload_settings: str) -> tuple[Mapping[str, Any], list[Any], Report]:
+    """(the run recorded under ``workload_settings``, the other runs, the doctor's report on the
+    first with the others' settings as what-ifs)."""
+    runs = result["runs"]
+    base = next((r for r in runs if r["settings"] == workload_settings), None)
+    if base is None:
+        raise ValueError(f"workload_settings must be one of {[r['settings'] for r in runs]}, got {workload_settings!r}")
+    others = [r for r in runs if r is not base]
+    return base, others, doctor(base, what_if=[r["settings"] for r in others])
+
+
 def lab_comparison(result: Any, workload_settings: str = "") -> list[dict[str, Any]]:
     """The doctor's what-ifs next to the GPU's own runs, for a recorded ``alloc.doctor_snapshots`` point.
 
@@ -297,12 +308,7 @@ def lab_comparison(result: Any, workload_settings: str = "") -> list[dict[str, A
     Raises:
         ValueError: ``result`` has no run under ``workload_settings``.
     """
-    runs = result["runs"]
-    base = next((r for r in runs if r["settings"] == workload_settings), None)
-    if base is None:
-        raise ValueError(f"workload_settings must be one of {[r['settings'] for r in runs]}, got {workload_settings!r}")
-    others = [r for r in runs if r is not base]
-    rep = doctor(base, what_if=[r["settings"] for r in others])
+    base, others, rep = _recorded_point(result, workload_settings)
     rows = []
     for r, w in [(base, rep.replay)] + list(zip(others, rep.what_ifs)):
         rows.append({"settings": r["settings"] or "defaults",
@@ -325,11 +331,7 @@ def plot_doctor_snapshots(result: Any, workload_settings: str = "") -> Any:
     """
     from ..core.plotting import stamp
 
-    runs = result["runs"]
-    base = next((r for r in runs if r["settings"] == workload_settings), None)
-    if base is None:
-        raise ValueError(f"workload_settings must be one of {[r['settings'] for r in runs]}, got {workload_settings!r}")
-    rep = doctor(base, what_if=[r["settings"] for r in runs if r is not base])
+    rep = _recorded_point(result, workload_settings)[2]
     return stamp(rep.figure(), result) if hasattr(result, "caption") else rep.figure()
 
 
