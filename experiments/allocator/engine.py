@@ -385,7 +385,10 @@ class Engine:
                 return addr
         if self._addresses:
             return self._addresses.popleft()
-        return self._space.take(size)
+        addr = self._space.take(size)
+        while self.address_hook is not None and not self.is_free_range(addr, size):
+            addr = self._space.take(size)   # taken by a segment at a recorded address: skip it
+        return addr
 
     def _alloc_block(self, size: int, alloc: int, small: bool, stream: int, pool_id: tuple[int, int]) -> Block | None:
         if self.cap_bytes is not None and self.reserved_bytes + alloc > self.cap_bytes:
