@@ -146,6 +146,12 @@ def test_roundup_list_starting_with_gt_leaves_small_sizes_alone():
     assert parsed.roundup_divisions == from_gpu.roundup_divisions
     assert round_size(2100, parsed) == 2560
     assert AllocatorConfig.from_settings(settings) == parsed
+    # and in the GPU's trace: the 2,100 B probe is the first block; the next small one starts 2,560 B on
+    events = read(RUNS[("mixed", "roundup_power2_divisions:[>:2]")]).events
+    first = next(e for e in events if e[0] == ALLOC)
+    assert first[2] == 2100
+    after = next(e[1] for e in events if e[0] == ALLOC and first[1] < e[1] < first[1] + 2 * MiB)
+    assert after - first[1] == 2560
 
 
 def _torch_form(compact: dict) -> dict:
