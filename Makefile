@@ -13,7 +13,7 @@ export PATH := $(BIN):$(PATH)
 # measures live on this machine's GPU instead.
 BOOK_MODE ?= recorded
 
-.PHONY: book book-student test test-gpu install notebooks record clean
+.PHONY: book book-student test test-gpu install notebooks record clean browser
 
 $(PY):
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "make needs Python 3.11 or newer (the pinned packages do); found " + sys.version.split()[0] + ". Try: make book PYTHON=python3.11")'
@@ -30,26 +30,41 @@ install: $(STAMP)
 notebooks: install
 	$(PY) scripts/sync_notebooks.py
 
+# CUDA_MEMLAB_STATIC=1: every ex.panel becomes a recorded-grid explorer that needs no kernel
+# and no widget JavaScript (experiments/explorer.py).
 book: notebooks
-	CUDA_MEMLAB_MODE=$(BOOK_MODE) $(BIN)/jupyter-book build . --warningiserror --keep-going
+	CUDA_MEMLAB_STATIC=1 CUDA_MEMLAB_MODE=$(BOOK_MODE) $(BIN)/jupyter-book build . --warningiserror --keep-going
 	@echo "The book is at file://$(CURDIR)/_build/html/index.html"
 
 # A build for students: exercise solutions left out.
 book-student: notebooks
 	$(PY) scripts/student_edition.py config > $(VENV)/student_config.yml
-	CUDA_MEMLAB_MODE=$(BOOK_MODE) $(BIN)/jupyter-book build . --config $(VENV)/student_config.yml --path-output _build/student --warningiserror --keep-going
+	CUDA_MEMLAB_STATIC=1 CUDA_MEMLAB_MODE=$(BOOK_MODE) $(BIN)/jupyter-book build . --config $(VENV)/student_config.yml --path-output _build/student --warningiserror --keep-going
 	$(PY) scripts/student_edition.py notebooks _build/student/notebooks
 	@echo "The student book is at file://$(CURDIR)/_build/student/_build/html/index.html"
 	@echo "Notebooks without solutions, to hand out: $(CURDIR)/_build/student/notebooks"
 
+# The browser tests drive Debian's chromium (no browser download); CI runs as root, elsewhere
+# sudo is used if there is one. Another Chromium-based browser: make test CHROMIUM=/path/to/it
+CHROMIUM ?= /usr/bin/chromium
+export CUDA_MEMLAB_CHROMIUM := $(CHROMIUM)
+SUDO := $(shell [ "$$(id -u)" = 0 ] || command -v sudo)
+
+$(CHROMIUM):
+	@command -v apt-get >/dev/null || { echo "the browser tests need chromium at $(CHROMIUM) (Debian: apt-get install chromium)"; exit 2; }
+	$(SUDO) apt-get install -y chromium || { $(SUDO) apt-get update && $(SUDO) apt-get install -y chromium; }
+
+browser: $(CHROMIUM)
+
 # The book build is the one execution of the notebooks (a cell error fails it); the tests then
 # read its pages and executed notebooks (tests/conftest.py: built_book), so nothing runs twice.
+# It is built as `make book` builds it (static explorers), and the browser tests serve it.
 # The fast loop while developing skips the build and the slow tests:
 #   .venv/bin/python -m pytest -m "not slow"
 TEST_BOOK := _build/test
-test: install
+test: notebooks browser
 	rm -rf $(TEST_BOOK)
-	CUDA_MEMLAB_MODE=recorded $(BIN)/jupyter-book build . --path-output $(TEST_BOOK) --warningiserror --keep-going
+	CUDA_MEMLAB_STATIC=1 CUDA_MEMLAB_MODE=recorded $(BIN)/jupyter-book build . --path-output $(TEST_BOOK) --warningiserror --keep-going
 	CUDA_MEMLAB_BOOK_BUILD=$(CURDIR)/$(TEST_BOOK) $(PY) -m pytest
 
 # On a GPU: the GPU-marked tests only.

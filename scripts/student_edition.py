@@ -22,6 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # A MyST solution block: an opening fence of 3+ backticks or colons with {solution},
 # up to the matching closing fence of the same characters.
 SOLUTION = re.compile(r"^(?P<fence>`{3,}|:{3,})\{solution\}.*?^(?P=fence)[ \t]*$\n?", re.M | re.S)
+# The same in the plain notebooks (scripts/sync_notebooks.py writes solutions this way).
+DETAILS = re.compile(r"^<details><summary>Solution</summary>.*?^</details>[ \t]*$\n?", re.M | re.S)
 
 
 def student_config() -> dict:
@@ -30,12 +32,16 @@ def student_config() -> dict:
     config["sphinx"]["config"]["hide_solutions"] = True
     config["launch_buttons"] = {}          # the repository's notebooks carry the solutions
     config.setdefault("html", {})["use_download_button"] = False
+    # Jupyter Book 1 ignores use_download_button: the book's extension drops the button,
+    # and no page source (with its solutions) is copied into _sources/.
+    config["sphinx"]["config"]["memlab_student"] = True
+    config["sphinx"]["config"]["html_copy_source"] = False
     return config
 
 
 def strip_solutions(text: str) -> str:
-    """Markdown without its {solution} blocks."""
-    return SOLUTION.sub("", text)
+    """Markdown without its solutions: MyST {solution} blocks and plain <details> solutions."""
+    return DETAILS.sub("", SOLUTION.sub("", text))
 
 
 def write_notebooks(out: Path) -> list[Path]:

@@ -34,3 +34,14 @@ def hidden_output_cells(notebook: str) -> list[str]:
 
     nb = nbformat.read(ROOT / "book" / notebook, as_version=4)
     return [c.source for c in nb.cells if "hide-output" in c.metadata.get("tags", [])]
+
+
+# The book's pages in _toc.yml order (the notebooks and instructors.md).
+PAGES = ["intro", "measuring", "ch1_caching_allocator", "ch2_cross_stream", "ch3_pinned_memory",
+         "ch4_hidden_syncs", "claims", "instructors"]
+
+
+def panel_count(page: str) -> int:
+    """How many ``ex.panel(...)`` calls the page's source makes (0 for a page without a source)."""
+    src = ROOT / "book" / "src" / f"{page}.py"
+    return len(re.findall(r"^ex\.panel\(", src.read_text(), re.M)) if src.exists() else 0

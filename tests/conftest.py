@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import matplotlib
@@ -45,19 +43,40 @@ def built_book(tmp_path_factory) -> Path:
     """The book built in recorded mode with warnings as errors: its ``_build`` folder, with
     ``html/`` (the pages) and ``jupyter_execute/book/*.ipynb`` (the executed notebooks).
 
-    The build is the one execution of each notebook (it fails on a cell error). ``make test``
-    builds the book before pytest and names its folder in ``CUDA_MEMLAB_BOOK_BUILD``; without
-    that, the first test that needs the book builds it into a temporary folder.
+    The build is the one execution of each notebook (it fails on a cell error), made as
+    ``make book`` makes it (static explorers). ``make test`` builds the book before pytest and
+    names its folder in ``CUDA_MEMLAB_BOOK_BUILD``; without that, the first test that needs the
+    book builds it into a temporary folder.
     """
     given = os.environ.get("CUDA_MEMLAB_BOOK_BUILD")
     if given:
         build = Path(given) / "_build"
         assert (build / "html" / "index.html").exists(), f"CUDA_MEMLAB_BOOK_BUILD={given} holds no built book"
         return build
-    root = Path(__file__).resolve().parent.parent
-    out = tmp_path_factory.mktemp("book")
-    jb = Path(sys.executable).parent / "jupyter-book"
-    r = subprocess.run([str(jb), "build", str(root), "--path-output", str(out), "--warningiserror", "--keep-going"],
-                       capture_output=True, text=True, env={**os.environ, "CUDA_MEMLAB_MODE": "recorded"})
-    assert r.returncode == 0, r.stdout[-5000:] + r.stderr[-5000:]
-    return out / "_build"
+    from tests.bookbuild import build_book
+
+    return build_book(tmp_path_factory.mktemp("book")) / "_build"
+
+
+@pytest.fixture(scope="session")
+def site(built_book):
+    """The built pages served on 127.0.0.1: {'dir': the html folder, 'origin': 'http://127.0.0.1:PORT'}.
+
+    CUDA_MEMLAB_TEST_SITE=DIR serves an already built html folder instead (e.g. an old build,
+    to see which browser tests fail on it).
+    """
+    import functools
+    import http.server
+    import threading
+
+    given = os.environ.get("CUDA_MEMLAB_TEST_SITE")
+    root = Path(given) if given else built_book / "html"
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(root)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield {"dir": root, "origin": f"http://127.0.0.1:{server.server_address[1]}"}
+    server.shutdown()

@@ -27,8 +27,8 @@ def test_student_notebooks_have_every_exercise_and_no_solution(tmp_path):
         original = nbformat.read(ROOT / "book" / path.name, as_version=4)
         student = nbformat.read(path, as_version=4)
         text = "\n".join(c.source for c in student.cells)
-        assert "{solution}" not in text
-        assert text.count("{exercise}") == "\n".join(c.source for c in original.cells).count("{exercise}")
+        assert "{solution}" not in text and "<summary>Solution" not in text
+        assert text.count("### Exercise ") == "\n".join(c.source for c in original.cells).count("### Exercise ")
         assert [c.source for c in student.cells if c.cell_type == "code"] == \
             [c.source for c in original.cells if c.cell_type == "code"]
 
@@ -38,3 +38,5 @@ def test_student_config_hides_solutions_and_the_ways_to_the_full_notebooks():
     assert config["sphinx"]["config"]["hide_solutions"] is True
     assert config["launch_buttons"] == {}
     assert config["html"]["use_download_button"] is False
+    assert config["sphinx"]["config"]["memlab_student"] is True      # the extension drops the button
+    assert config["sphinx"]["config"]["html_copy_source"] is False   # no _sources/ with solutions

@@ -11,6 +11,7 @@ import html
 from typing import Any, Callable, Sequence
 
 from . import store
+from .explorer import build_explorer, static_build
 from .registry import Param, Result, get, resolve_mode, run
 
 
@@ -42,13 +43,19 @@ def _label(v: float) -> str:
     return f"{v:g}"
 
 
+def _recorded_options(p: Param, values: Sequence[Any]) -> tuple[list[Any], Any]:
+    """(the recorded values in the order a control offers them, the value it starts at)."""
+    if p.choices is not None:  # the order the chapter gave its choices in, not alphabetical
+        values = sorted(values, key=lambda v: p.choices.index(v) if v in p.choices else len(p.choices))
+    values = list(values)
+    return values, (p.default if p.default in values else values[0])
+
+
 def _recorded_control(p: Param, values: Sequence[Any]) -> Any:
     import ipywidgets as w
 
     desc = f"{p.name}" + (f" ({p.unit})" if p.unit else "")
-    if p.choices is not None:  # the order the chapter gave its choices in, not alphabetical
-        values = sorted(values, key=lambda v: p.choices.index(v) if v in p.choices else len(p.choices))
-    value = p.default if p.default in values else values[0]
+    values, value = _recorded_options(p, values)
     numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
     if numeric and len(values) > 1:
         return w.SelectionSlider(options=[(_label(v), v) for v in values], value=value, description=desc,
@@ -91,13 +98,13 @@ def panel(
 
     Returns:
         an ``ipywidgets.VBox``; its output shows the default point when it is created.
+        While the static book is built (recorded mode and ``CUDA_MEMLAB_STATIC=1``), an
+        :class:`experiments.explorer.Explorer` instead: every recorded point pre-rendered
+        with native HTML controls, which needs no kernel and no widget JavaScript.
 
     Raises:
         ValueError: an unknown experiment or parameter name.
     """
-    import ipywidgets as w
-    from IPython.display import HTML
-
     exp = get(exp_id)
     exp.complete(fixed)
     names = list(params) if params is not None else [p.name for p in exp.params if p.name not in fixed]
@@ -106,6 +113,14 @@ def panel(
     if unknown:
         raise ValueError(f"{exp.id} has no parameter {unknown[0]!r}; its parameters are {known}")
     resolved = resolve_mode(mode)
+    if resolved == "recorded" and static_build():
+        recorded = store.load(exp.id, data_schema=exp.data_schema).param_values()
+        chosen = {n: _recorded_options(exp.param(n), recorded.get(n, [exp.param(n).default])) for n in names}
+        return build_explorer(exp, render, names, fixed, {n: v for n, (v, _) in chosen.items()},
+                              {n: d for n, (_, d) in chosen.items()})
+    import ipywidgets as w
+    from IPython.display import HTML
+
     if resolved == "recorded":
         recorded = store.load(exp.id, data_schema=exp.data_schema).param_values()
         controls = {n: _recorded_control(exp.param(n), recorded.get(n, [exp.param(n).default])) for n in names}

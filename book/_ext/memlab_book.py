@@ -1,0 +1,45 @@
+"""The book's own Sphinx extension: offline-clean pages, the book's CSS/JS, the student edition.
+
+- Ships ``book/_static/memlab.js`` and ``memlab.css`` (explorers, phone menus, figure zoom).
+- Loads no widget JavaScript from a CDN: the static build has no widget views
+  (``experiments.explorer``), so myst-nb's ``nb_ipywidgets_js`` is emptied.
+- Drops duplicate inline scripts (sphinx-thebe's config is added twice by the pinned
+  sphinx-thebe 0.3.1, which raises "Identifier 'THEBE_JS_URL' has already been declared").
+- Sets the theme's ``default_mode`` so that pydata-sphinx-theme does not log
+  "Got invalid theme mode" on a first visit.
+- With ``memlab_student = True`` (the student edition): no download button, whose
+  notebooks carry the solutions (Jupyter Book 1 ignores ``html.use_download_button``).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+STATIC = Path(__file__).resolve().parent.parent / "_static"
+
+
+def _config_inited(app, config):
+    config.html_theme_options.setdefault("default_mode", "auto")
+    config.nb_ipywidgets_js = {}
+    config.html_static_path = [*config.html_static_path, str(STATIC)]
+
+
+def _page_context(app, pagename, templatename, context, doctree):
+    scripts, seen = [], set()
+    for s in context.get("script_files", []):
+        key = (str(s), repr(getattr(s, "attributes", {})))
+        if key not in seen:
+            seen.add(key)
+            scripts.append(s)
+    context["script_files"] = scripts
+    if app.config.memlab_student:
+        context["header_buttons"] = [b for b in context.get("header_buttons", [])
+                                     if "download" not in str(b.get("tooltip", "")).lower()]
+
+
+def setup(app):
+    app.add_config_value("memlab_student", False, "html")
+    app.connect("config-inited", _config_inited, priority=900)
+    app.connect("html-page-context", _page_context, priority=999)
+    app.add_js_file("memlab.js", defer="defer")
+    app.add_css_file("memlab.css")
+    return {"parallel_read_safe": True, "parallel_write_safe": True}
