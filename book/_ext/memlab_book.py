@@ -5,7 +5,7 @@
   (``experiments.explorer``), so myst-nb's ``nb_ipywidgets_js`` is emptied.
 - Drops duplicate inline scripts (sphinx-thebe's config is added twice by the pinned
   sphinx-thebe 0.3.1, which raises "Identifier 'THEBE_JS_URL' has already been declared").
-- Sets the theme's ``default_mode`` so that pydata-sphinx-theme does not log
+- Sets the template's ``default_mode`` so that pydata-sphinx-theme does not log
   "Got invalid theme mode" on a first visit.
 - With ``memlab_student = True`` (the student edition): no download button, whose
   notebooks carry the solutions (Jupyter Book 1 ignores ``html.use_download_button``).
@@ -18,7 +18,8 @@ STATIC = Path(__file__).resolve().parent.parent / "_static"
 
 
 def _config_inited(app, config):
-    config.html_theme_options.setdefault("default_mode", "auto")
+    # pydata-sphinx-theme's layout.html reads it from the template context.
+    config.html_context = {**config.html_context, "default_mode": config.html_context.get("default_mode", "auto")}
     config.nb_ipywidgets_js = {}
     config.html_static_path = [*config.html_static_path, str(STATIC)]
 

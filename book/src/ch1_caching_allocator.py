@@ -165,7 +165,7 @@ ex.panel("alloc.timeline", al.plot_timeline)
 # %%
 al.check_timeline_prediction(None, None)  # (small first, large first), in MiB
 
-# %% tags=["hide-output"]
+# %% tags=["hide-output"] mystnb={"code_prompt_show": "Show the answer", "code_prompt_hide": "Hide the answer"}
 al.plot_timeline(ex.run("alloc.timeline", small_mib=8))
 
 # %% [markdown]

@@ -147,7 +147,7 @@ streams.check_block_predictions(my_blocks)
 # the correctness check (whose own temporaries would otherwise dominate). It also shows
 # the GPU time, and how long the producer and consumer streams ran at the same time.
 
-# %% tags=["hide-output"]
+# %%
 race = ex.run("streams.strategies")
 streams.plot_strategies(race)
 
@@ -155,7 +155,7 @@ streams.plot_strategies(race)
 # The same measurement as a table, with the value each layer's consumer read (layer *k*
 # should read *k*):
 
-# %% tags=["hide-output"]
+# %%
 streams.strategies_table(race)
 
 # %% [markdown]
@@ -303,11 +303,11 @@ streams.check_peak_prediction(my_peak_mib)
 # the event handoff's 128 MiB.
 # ```
 
-# %% tags=["hide-output"]
+# %%
 sweep = ex.run("streams.runahead")
 streams.plot_runahead(sweep)
 
-# %% tags=["hide-output"]
+# %%
 streams.runahead_table(sweep)
 
 # %% [markdown]
@@ -334,7 +334,7 @@ streams.runahead_table(sweep)
 # your own GPU you can also change the number of layers, the buffer size and the buffers
 # kept in flight (the recording has the chapter's 32 layers of 64 MiB):
 
-# %% tags=["hide-output"]
+# %%
 ex.panel("streams.pipeline", streams.plot_pipeline,
          params=["strategy", "consumer_ms", "host_delay_ms", "layers", "buffer_mib", "in_flight"])
 

@@ -57,11 +57,11 @@ ex.status()
 # speeds are quoted in; the dashed line is the peak of the GPU's PCIe link as `nvidia-smi`
 # reports it. The cell after the figure prints the numbers for both directions.
 
-# %% tags=["hide-output"]
+# %%
 bw = ex.run("pinned.bandwidth")
 pinned.plot_bandwidth(bw)
 
-# %% tags=["hide-output"]
+# %%
 bw_dtoh = ex.run("pinned.bandwidth", direction="dtoh")
 print(pinned.bandwidth_summary(bw))
 print(pinned.bandwidth_summary(bw_dtoh))
@@ -118,7 +118,7 @@ ex.show_claim("pinned.bandwidth")
 # **Predict**: with 30 ms of GPU work queued, how long does each of the four calls block for a
 # 64 MiB HtoD copy?
 
-# %% tags=["hide-output"]
+# %%
 cp = ex.run("pinned.async_copy")
 pinned.plot_async_copy(cp)
 
@@ -178,11 +178,11 @@ ex.show_claim("pinned.async_returns")
 #
 # **Predict** which rows have wrong elements, and rank the four guards by cost.
 
-# %% tags=["hide-output"]
+# %%
 race = ex.run("pinned.overwrite_race")
 pinned.plot_overwrite_race(race)
 
-# %% tags=["hide-output"]
+# %%
 print(pinned.guard_costs_text(race))
 
 # %% [markdown]
@@ -393,7 +393,7 @@ pinned.check_owned_prediction(after_e, after_device_empty_cache)
 # Now run the script on the GPU (or read the lab's run). The dashed line is the model that
 # produced the expected answers; the labels count `cudaHostAlloc` / `cudaFreeHost` calls.
 
-# %% tags=["hide-output"]
+# %%
 life = ex.run("pinned.lifecycle")
 pinned.plot_lifecycle(life)
 
@@ -437,7 +437,10 @@ print(pinned.pin_cost_summary(cost))
 #
 # Emptying is always safe: it frees only cached blocks whose copies are done. Newer releases
 # also bound the cache instead of flushing it (`pinned_max_cached_size_mb` in
-# `PYTORCH_CUDA_ALLOC_CONF`, torch 2.14). Here is what the torch in this kernel offers:
+# `PYTORCH_CUDA_ALLOC_CONF`, torch 2.14). Here is what the torch in *this kernel* offers.
+# It is whatever torch runs the notebook: on the online book that is the CPU build (torch
+# 2.13) the pages were built with, not the torch 2.11 that recorded this chapter's results
+# on the lab H200; in Colab it is Colab's torch.
 
 # %%
 print(pinned.features_text())
@@ -483,11 +486,11 @@ pinned.check_graph_replay(answer_value)
 # at start-up, and keep them for the life of the program.
 # ```
 
-# %% tags=["hide-output"]
+# %%
 graph = ex.run("pinned.graph_replay")
 pinned.plot_graph_replay(graph)
 
-# %% tags=["hide-output"]
+# %%
 import textwrap  # noqa: E402
 
 error = graph["pageable_capture_error"]
@@ -536,12 +539,12 @@ ex.show_claim("pinned.graph_reads_captured_address")
 # **Predict**: how does the time per batch change from 1 to 4 buffers for steady and for
 # bursty work? Which variant delivers wrong batches?
 
-# %% tags=["hide-output"]
+# %%
 ring_runs = [ex.run("pinned.double_buffer", buffers=n, compute=c)
              for c in ("steady", "bursty") for n in (1, 2, 3, 4)]
 pinned.plot_ring_sweep(ring_runs)
 
-# %% tags=["hide-output"]
+# %%
 print(pinned.ring_summary(ring_runs))
 
 # %% [markdown]

@@ -87,6 +87,14 @@ def cmd_grade(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_probe(args: argparse.Namespace) -> int:
+    from . import probe
+
+    report = probe.probe()
+    print(probe.report_json(report) if args.json else probe.report_text(report))
+    return 0
+
+
 class _Parser(argparse.ArgumentParser):
     """Usage errors as one line and exit status 2 (argparse would print the usage first)."""
 
@@ -138,6 +146,10 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     gr.add_argument("--feedback", choices=("graded", "full"), default="graded",
                     help="graded: correct / wrong / which part (default); full: the checks' messages")
     gr.set_defaults(func=cmd_grade)
+
+    pr = sub.add_parser("probe", help="what this machine offers the book: GPU, versions, torch features")
+    pr.add_argument("--json", action="store_true", help="print the report as JSON")
+    pr.set_defaults(func=cmd_probe)
     return parser
 
 

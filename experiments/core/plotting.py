@@ -45,9 +45,22 @@ STYLE = {
 }
 
 
+# The book's content column is 688 px wide at 1280 px. A figure wider than MAX_WIDTH inches
+# is shown scaled down so far that its 9 pt footer drops under 9 px (9 pt at 110 dpi is
+# 13.75 px; 688 / (8.8 * 110) = 0.71 of it is 9.8 px, with room for the margins that
+# bbox_inches="tight" adds), so wider requests are narrowed.
+MAX_WIDTH = 8.8
+FOOTER_PT = 9
+
+
 def new_figure(nrows: int = 1, ncols: int = 1, *, width: float = 7.5, height: float = 3.4,
                **kwargs: Any) -> tuple[Figure, Any]:
-    """A figure in the book's style; returns (fig, axes) like ``plt.subplots``."""
+    """A figure in the book's style; returns (fig, axes) like ``plt.subplots``.
+
+    ``width`` (inches) is capped at :data:`MAX_WIDTH` so that text stays readable in the
+    book's column; ``height`` is kept.
+    """
+    width = min(width, MAX_WIDTH)
     with plt.rc_context(STYLE):
         fig, axes = plt.subplots(nrows, ncols, figsize=(width, height), layout="constrained", **kwargs)
     plt.close(fig)  # shown once as a cell value, never by pyplot's end-of-cell hook
@@ -66,7 +79,7 @@ def stamp(fig: Figure, source: Any) -> Figure:
     else:
         results = list(source) if isinstance(source, (list, tuple)) else [source]
         lines = list(dict.fromkeys(r.caption() for r in results))
-    fig.text(0.0, 0.0, "\n".join(lines), ha="left", va="top", fontsize=8, color="#555555",
+    fig.text(0.0, 0.0, "\n".join(lines), ha="left", va="top", fontsize=FOOTER_PT, color="#555555",
              transform=fig.transFigure, wrap=True)
     return fig
 
