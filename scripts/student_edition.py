@@ -36,6 +36,9 @@ def student_config() -> dict:
     # and no page source (with its solutions) is copied into _sources/.
     config["sphinx"]["config"]["memlab_student"] = True
     config["sphinx"]["config"]["html_copy_source"] = False
+    # The code cells are the same as the full book's: reuse its execution cache instead of
+    # running every notebook again.
+    config.setdefault("execute", {})["cache"] = str(ROOT / "_build" / ".jupyter_cache")
     return config
 
 

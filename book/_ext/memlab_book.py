@@ -8,10 +8,12 @@
 - Sets the template's ``default_mode`` so that pydata-sphinx-theme does not log
   "Got invalid theme mode" on a first visit.
 - With ``memlab_student = True`` (the student edition): no download button, whose
-  notebooks carry the solutions (Jupyter Book 1 ignores ``html.use_download_button``).
+  notebooks carry the solutions (Jupyter Book 1 ignores ``html.use_download_button``),
+  and no ``_sources/`` folder, where sphinx-book-theme copies the executed notebooks.
 """
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 STATIC = Path(__file__).resolve().parent.parent / "_static"
@@ -37,10 +39,18 @@ def _page_context(app, pagename, templatename, context, doctree):
                                      if "download" not in str(b.get("tooltip", "")).lower()]
 
 
+def _build_finished(app, exception):
+    # sphinx-book-theme copies each executed notebook (solutions included) into _sources/
+    # for its download button, whatever html_copy_source says: the student edition has none.
+    if exception is None and app.config.memlab_student:
+        shutil.rmtree(Path(app.outdir) / "_sources", ignore_errors=True)
+
+
 def setup(app):
     app.add_config_value("memlab_student", False, "html")
     app.connect("config-inited", _config_inited, priority=900)
     app.connect("html-page-context", _page_context, priority=999)
+    app.connect("build-finished", _build_finished)
     app.add_js_file("memlab.js", defer="defer")
     app.add_css_file("memlab.css")
     return {"parallel_read_safe": True, "parallel_write_safe": True}

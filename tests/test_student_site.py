@@ -1,0 +1,156 @@
+"""The student edition holds no solution anywhere: pages, page sources, search index, notebooks.
+
+Every solution's text is taken from the MyST sources (book/src/*.py). The same probes are
+first found in the full book (so the crawl can fail), then looked for in every file of the
+student site and in the notebooks `make book-student` hands out.
+"""
+from __future__ import annotations
+
+import html
+import json
+import re
+from html.parser import HTMLParser
+
+import pytest
+
+from .booktools import ROOT
+
+pytestmark = pytest.mark.slow
+
+SOLUTION = re.compile(r"^(`{3,}|:{3,})\{solution\}.*?\n(.*?)^\1\s*$", re.M | re.S)
+
+
+def _plain(text: str) -> str:
+    """Text without Markdown/HTML markup, whitespace collapsed: what a reader would read."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text)
+    text = re.sub(r"[*`_\\|>#]", " ", html.unescape(text))
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def _sources() -> dict[str, str]:
+    import jupytext
+
+    out = {}
+    for src in sorted((ROOT / "book" / "src").glob("*.py")):
+        cells = jupytext.read(src).cells
+        out[src.stem] = "\n".join(c.source for c in cells if c.cell_type == "markdown")
+    return out
+
+
+def solution_probes() -> list[str]:
+    """Lines of every solution (markup stripped, 40+ characters), none of them also outside solutions."""
+    sources = _sources()
+    outside = _plain(" ".join(SOLUTION.sub("", t) for t in sources.values()))
+    probes = []
+    for text in sources.values():
+        for m in SOLUTION.finditer(text):
+            for line in m.group(2).splitlines():
+                if line.startswith(":") or line.startswith("```"):
+                    continue
+                p = _plain(line)
+                if len(p) >= 40 and p not in outside:
+                    probes.append(p)
+    return probes
+
+
+def solution_words() -> set[str]:
+    """Words (stemmed as Sphinx's search index stems them) used only inside solutions."""
+    from sphinx.search.en import SearchEnglish
+
+    stem = SearchEnglish({}).stem
+    sources = _sources()
+
+    def words(t):
+        return {w.lower() for w in re.findall(r"[A-Za-z]{5,}", t)}
+
+    inside = set().union(*(words(re.sub(r"^:\w+:.*$", "", m.group(2), flags=re.M))
+                           for t in sources.values() for m in SOLUTION.finditer(t)))
+    # Everything else a page shows: its prose, its code, the instructors page.
+    elsewhere = set().union(*(words(SOLUTION.sub("", t)) for t in sources.values()))
+    for src in (ROOT / "book" / "src").glob("*.py"):
+        import jupytext
+
+        elsewhere |= words(" ".join(c.source for c in jupytext.read(src).cells if c.cell_type == "code"))
+    elsewhere |= words((ROOT / "book" / "instructors.md").read_text())
+    stems_elsewhere = {stem(w) for w in elsewhere}
+    return {stem(w) for w in inside - elsewhere} - stems_elsewhere
+
+
+class _Text(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.parts = []
+
+    def handle_data(self, data):
+        self.parts.append(data)
+
+
+def _file_text(path) -> str:
+    raw = path.read_text(errors="replace")
+    if path.suffix == ".html":
+        t = _Text()
+        t.feed(raw)
+        raw = " ".join(t.parts)
+    elif path.suffix == ".ipynb":
+        raw = " ".join("".join(c.get("source", "")) if isinstance(c.get("source"), list) else c.get("source", "")
+                       for c in json.loads(raw).get("cells", []))
+    return _plain(raw)
+
+
+def _crawl(root) -> dict[str, str]:
+    return {str(p.relative_to(root)): _file_text(p) for p in root.rglob("*")
+            if p.is_file() and p.suffix in (".html", ".txt", ".ipynb", ".md", ".js", ".json", ".py")}
+
+
+def _index_terms(root) -> set[str]:
+    text = (root / "searchindex.js").read_text()
+    data = json.loads(text[text.index("(") + 1:text.rindex(")")])
+    return set(data["terms"]) | set(data.get("titleterms", {}))
+
+
+@pytest.fixture(scope="module")
+def student_site():
+    from tests.bookbuild import build_book
+
+    return build_book(student=True)
+
+
+def test_solution_probes_are_found_in_the_full_book(site):
+    probes = solution_probes()
+    assert len(probes) >= 40, probes
+    pages = " ".join(_crawl(site["dir"] / "book").values())
+    found = [p for p in probes if p in pages]
+    # The full book renders every solution; a few lines render differently (math, tables).
+    assert len(found) >= 0.8 * len(probes), [p for p in probes if p not in pages][:10]
+    assert solution_words() & _index_terms(site["dir"]), "the full book's search index has no solution word"
+
+
+def test_student_site_has_no_solution_anywhere(student_site):
+    probes = solution_probes()
+    leaks = [(name, p[:60]) for name, text in _crawl(student_site).items() for p in probes if p in text]
+    assert not leaks, f"{len(leaks)} solution lines in the student site: {leaks[:10]}"
+    assert not (student_site / "_sources").exists(), "the student site copies its page sources (with solutions)"
+    from sphinx.search.en import SearchEnglish
+
+    stem = SearchEnglish({}).stem
+    shown = {stem(w.lower()) for page in (student_site / "book").glob("*.html")
+             for w in re.findall(r"[A-Za-z]{5,}", _file_text(page))}
+    words = (solution_words() & _index_terms(student_site)) - shown
+    assert not words, f"the student search index holds words only solutions use: {sorted(words)[:20]}"
+    for page in (student_site / "book").glob("*.html"):
+        text = page.read_text()
+        assert "Download this page" not in text and 'download' not in re.findall(r'title="([^"]*)"', text), page.name
+
+
+def test_handed_out_notebooks_have_no_solution(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("student_edition", ROOT / "scripts" / "student_edition.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    written = mod.write_notebooks(tmp_path)
+    probes = solution_probes()
+    full = " ".join(_file_text(p) for p in (ROOT / "book").glob("*.ipynb"))
+    assert sum(p in full for p in probes) >= 0.8 * len(probes), "the probes do not match the repository's notebooks"
+    leaks = [(p.name, s[:60]) for p in written for s in probes if s in _file_text(p)]
+    assert not leaks, leaks[:10]
