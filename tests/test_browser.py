@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments import store
-from experiments.registry import get
+from experiments.core import store
+from experiments.core.registry import get
 
 from .booktools import PAGES, ROOT, panel_count
 

@@ -681,15 +681,16 @@ def test_check_loader_without_an_answer_or_a_gpu(monkeypatch):
         pinned.check_loader(lambda b, n: iter(b), n_buffers=1)
 
 
-def test_outputs_that_answer_an_exercise_are_folded():
-    """In the static book these outputs sit right below an exercise: hide-output folds them."""
+def test_results_the_next_paragraph_discusses_are_not_folded():
+    """Issue 10: a result that the following paragraph discusses is shown, not folded
+    (answers that only a solution discusses stay folded under "Show the answer")."""
     hidden = hidden_output_cells("ch3_pinned_memory.ipynb")
     for source in ("pinned.plot_lifecycle(life)",                                # ex 3.3
                    "pinned.plot_graph_replay(graph)",                            # ex 3.4
                    'ex.show_claim("pinned.graph_reads_captured_address")',
                    "pinned.plot_bandwidth(bw)", "pinned.plot_async_copy(cp)",    # the **Predict** prompts
                    "pinned.plot_overwrite_race(race)", "pinned.plot_ring_sweep(ring_runs)"):
-        assert any(source in h for h in hidden), f"no hide-output tag on the cell with {source!r}"
+        assert not any(source in h for h in hidden), f"the cell with {source!r} is folded"
     assert not any("pinned.check_" in h for h in hidden), "the check's own feedback stays visible"
 
 

@@ -42,3 +42,22 @@ def test_exercises_are_numbered_headings_with_their_solutions_folded(path):
 def test_cross_references_link_to_the_online_pages():
     text = (ROOT / "book" / "ch2_cross_stream.ipynb").read_text()
     assert "https://cuda-memory-lab.github.io/cuda-memory-lab/book/ch2_cross_stream.html#ch2-handoff" in text
+
+
+def test_every_fold_says_what_it_hides():
+    """Folded cells carry a label ("Show the measurement", "Show the answer"), never the generic one."""
+    import jupytext
+
+    for src in sorted((ROOT / "book" / "src").glob("*.py")):
+        for cell in jupytext.read(src).cells:
+            if "hide-output" in cell.metadata.get("tags", []) and "check_" in cell.source:
+                raise AssertionError(f"{src.stem}: a check's feedback is folded: {cell.source[:60]!r}")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sync_notebooks", ROOT / "scripts" / "sync_notebooks.py")
+    sync = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sync)
+    nb = sync.build(ROOT / "book" / "src" / "ch1_caching_allocator.py", sync.repo_url())
+    folded = [c for c in nb.cells if {"hide-output", "hide-input"} & set(c.metadata.get("tags", []))]
+    assert folded and all(c.metadata["mystnb"]["code_prompt_show"].startswith("Show the ") for c in folded)
+    assert any(c.metadata["mystnb"]["code_prompt_show"] == "Show the answer" for c in folded)

@@ -461,14 +461,15 @@ def test_notebook_structure():
     assert "torch.cuda" not in code, "notebook code must go through ex.run / panels / checks"
 
 
-def test_outputs_that_answer_an_exercise_are_folded():
-    """In the static book these outputs sit right below an exercise: hide-output folds them."""
+def test_results_the_next_paragraph_discusses_are_not_folded():
+    """Issue 10: a result that the following paragraph discusses is shown, not folded
+    (answers that only a solution discusses stay folded under "Show the answer")."""
     hidden = hidden_output_cells("ch2_cross_stream.ipynb")
     for source in ("streams.plot_strategies(race)", "streams.strategies_table(race)",  # ex 2.1
                    "streams.plot_runahead(sweep)", "streams.runahead_table(sweep)",    # ex 2.2
                    'params=["strategy", "consumer_ms", "host_delay_ms"',               # ex 2.3
                    "streams.plot_counters(sweep)"):
-        assert any(source in h for h in hidden), f"no hide-output tag on the cell with {source!r}"
+        assert not any(source in h for h in hidden), f"the cell with {source!r} is folded"
     assert not any("streams.check_" in h for h in hidden), "the check's own feedback stays visible"
 
 

@@ -781,12 +781,13 @@ def test_notebook_cross_references():
     assert not re.search(r"^# #+ \d", src, re.MULTILINE), "headings carry no manual numbers"
 
 
-def test_outputs_that_answer_an_exercise_are_folded():
-    """In the static book these outputs sit right below an exercise: hide-output folds them."""
+def test_results_the_next_paragraph_discusses_are_not_folded():
+    """Issue 10: a result that the following paragraph discusses is shown, not folded
+    (answers that only a solution discusses stay folded under "Show the answer")."""
     hidden = hidden_output_cells("ch4_hidden_syncs.ipynb")
     for source in ("syncs.plot_run_ahead(loop)", "syncs.run_ahead_table(loop)",  # ex 4.1
                    "syncs.plot_catalogue(cat)"):                                # ex 4.3 (which of these sync?)
-        assert any(source in h for h in hidden), f"no hide-output tag on the cell with {source!r}"
+        assert not any(source in h for h in hidden), f"the cell with {source!r} is folded"
     assert not any("syncs.check_" in h for h in hidden), "the check's own feedback stays visible"
 
 

@@ -2,7 +2,7 @@
 
 - Ships ``book/_static/memlab.js`` and ``memlab.css`` (explorers, phone menus, figure zoom).
 - Loads no widget JavaScript from a CDN: the static build has no widget views
-  (``experiments.explorer``), so myst-nb's ``nb_ipywidgets_js`` is emptied.
+  (``experiments.core.explorer``), so myst-nb's ``nb_ipywidgets_js`` is emptied.
 - Drops duplicate inline scripts (sphinx-thebe's config is added twice by the pinned
   sphinx-thebe 0.3.1, which raises "Identifier 'THEBE_JS_URL' has already been declared").
 - Sets the template's ``default_mode`` so that pydata-sphinx-theme does not log

@@ -99,7 +99,7 @@ def panel(
     Returns:
         an ``ipywidgets.VBox``; its output shows the default point when it is created.
         While the static book is built (recorded mode and ``CUDA_MEMLAB_STATIC=1``), an
-        :class:`experiments.explorer.Explorer` instead: every recorded point pre-rendered
+        :class:`experiments.core.explorer.Explorer` instead: every recorded point pre-rendered
         with native HTML controls, which needs no kernel and no widget JavaScript.
 
     Raises:
