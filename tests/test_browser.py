@@ -147,7 +147,9 @@ def test_every_explorer_control_shows_that_recorded_point(visit, page):
                 else:
                     controls.nth(opt).check()
                 chosen, shown, srcs = _explorer_state(v.page, ex)
-                point = recorded.find(exp.complete({**exp_fixed(ex), **chosen}))
+                want = exp.complete({**exp_fixed(ex), **chosen})
+                # JSON in the page turns 5.0 into 5: compare values, not their text.
+                point = next((p for p in recorded.points if p.params == want), None)
                 if point is None:
                     assert not shown, f"{exp.id}: a figure is shown for unrecorded {chosen}"
                     assert ex.locator(".memlab-explorer-missing").is_visible(), f"{exp.id}: {chosen} says nothing"
@@ -168,6 +170,8 @@ MENUS = {"primary": "#pst-primary-sidebar-modal", "secondary": "#pst-secondary-s
 def test_both_menus_open_by_a_real_tap(visit, page, width):
     for which, dialog in MENUS.items():
         v = visit(f"book/{page}.html", {"width": width, "height": 844}, touch=True)
+        if which == "secondary" and not v.page.locator("#pst-page-toc-nav a").count():
+            continue  # a page without sections (the claims page) has no on-page contents
         buttons = [b for b in v.page.locator(f"button.{which}-toggle").all() if b.is_visible()]
         assert buttons, f"no visible {which} menu button at {width} px"
         box = buttons[0].bounding_box()

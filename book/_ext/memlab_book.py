@@ -29,7 +29,8 @@ def _config_inited(app, config):
 def _page_context(app, pagename, templatename, context, doctree):
     scripts, seen = [], set()
     for s in context.get("script_files", []):
-        key = (str(s), repr(getattr(s, "attributes", {})))
+        # One extension adds its inline script with filename None, another with '': the same script.
+        key = (getattr(s, "filename", s) or "", repr(sorted(getattr(s, "attributes", {}).items())))
         if key not in seen:
             seen.add(key)
             scripts.append(s)

@@ -185,16 +185,16 @@ class ClaimsTable:
             rows.append(
                 "<tr>"
                 f"<td><code>{html.escape(r.id)}</code></td>"
+                f"<td style='color:{colors[v]};font-weight:bold'>{v}</td>"
                 f"<td>{html.escape(r.statement)} <a href='{html.escape(r.source)}'>source</a></td>"
                 f"<td>{html.escape(format_measured(r.measured))}</td>"
-                f"<td style='color:{colors[v]};font-weight:bold'>{v}</td>"
                 f"<td style='font-size:85%'>{html.escape(self._where(r))}</td>"
                 "</tr>"
             )
         return (f"<p><b>{html.escape(self.summary())}</b> Each statement comes from the linked source; "
                 "the number that decides it is this book's test of that statement.</p>"
-                "<table style='font-size:88%'><thead><tr><th>claim</th><th>statement</th><th>measured</th>"
-                "<th>verdict</th><th>where</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
+                "<table style='font-size:88%'><thead><tr><th>claim</th><th>verdict</th><th>statement</th>"
+                "<th>measured</th><th>where</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
 
 
 def claims_table(chapter: int | None = None, *, mode: str | None = None) -> ClaimsTable:

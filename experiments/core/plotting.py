@@ -80,7 +80,39 @@ def stamp(fig: Figure, source: Any) -> Figure:
         results = list(source) if isinstance(source, (list, tuple)) else [source]
         lines = list(dict.fromkeys(r.caption() for r in results))
     fig.text(0.0, 0.0, "\n".join(lines), ha="left", va="top", fontsize=FOOTER_PT, color="#555555",
-             transform=fig.transFigure, wrap=True)
+             transform=fig.transFigure)
+    fit_text(fig)
+    return fig
+
+
+# DejaVu Sans, the default font, averages a little over half an em per character.
+_EM_PER_CHAR = 0.58
+
+
+def fit_text(fig: Figure) -> Figure:
+    """Wrap the figure's own texts (footer, suptitle) and the axes titles to their width.
+
+    A line wider than the figure widens the saved PNG (``bbox_inches="tight"``), which the
+    book then shows scaled down, every label with it; matplotlib's own ``wrap=True`` does not
+    wrap against the tight box. Widths are estimated from the font size (pt), not measured,
+    so this needs no renderer.
+    """
+    import textwrap
+
+    def wrap(text_obj: Any, width_pt: float) -> None:
+        chars = max(20, int(width_pt / (text_obj.get_fontsize() * _EM_PER_CHAR)))
+        text = text_obj.get_text()
+        if any(len(line) > chars for line in text.splitlines()):
+            text_obj.set_text("\n".join(textwrap.fill(line, chars) if len(line) > chars else line
+                                         for line in text.splitlines()))
+
+    fig_pt = fig.get_figwidth() * 72
+    for t in fig.texts:
+        wrap(t, fig_pt)
+    for ax in fig.axes:
+        ax_pt = ax.get_position().width * fig_pt
+        for t in (ax.title, ax._left_title, ax._right_title):
+            wrap(t, max(ax_pt, fig_pt / 3))
     return fig
 
 
