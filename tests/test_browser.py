@@ -33,8 +33,10 @@ MIN_TEXT_PX = 9.0
 def browser():
     from playwright.sync_api import sync_playwright
 
-    chromium = Path("/usr/bin/chromium")
-    assert chromium.exists(), "Debian's chromium is missing: `make test` installs it (apt-get install -y chromium)"
+    import os
+
+    chromium = Path(os.environ.get("CUDA_MEMLAB_CHROMIUM", "/usr/bin/chromium"))
+    assert chromium.exists(), f"no browser at {chromium}: `make test` installs Debian's chromium (apt-get install -y chromium)"
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path=str(chromium), args=["--no-sandbox"])
         yield b
