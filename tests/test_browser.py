@@ -108,7 +108,9 @@ def _explorer_state(page, explorer):
         }
         const shown = [...e.querySelectorAll('[data-point]')].filter(v => !v.hidden && v.offsetParent !== null);
         return [chosen, shown.map(v => JSON.parse(v.dataset.point)),
-                shown.map(v => (v.querySelector('img') || {}).src || v.innerHTML)];
+                shown.map(v => (v.querySelector('img') || {}).src || v.innerHTML),
+                shown.map(v => { const i = v.querySelector('img');
+                                 return i ? i.naturalWidth * i.getBoundingClientRect().height : 1; })];
     }""")
 
 
@@ -121,8 +123,10 @@ def test_every_explorer_control_shows_that_recorded_point(visit, page):
         ex = explorers.nth(i)
         exp = get(ex.get_attribute("data-experiment"))
         recorded = store.load(exp.id, data_schema=exp.data_schema)
-        chosen, shown, srcs = _explorer_state(v.page, ex)
+        ex.scroll_into_view_if_needed()
+        chosen, shown, srcs, drawn = _explorer_state(v.page, ex)
         assert len(shown) == 1, f"{exp.id}: one recorded point shown at first, not {len(shown)}"
+        assert drawn[0] > 0, f"{exp.id}: the first figure is not drawn"
         names = sorted({c.get_attribute("data-param") for c in ex.locator("[data-param]").all()})
         assert names, f"{exp.id}: no labelled control"
         for name in names:
@@ -148,7 +152,7 @@ def test_every_explorer_control_shows_that_recorded_point(visit, page):
                     first.select_option(opt)
                 else:
                     controls.nth(opt).check()
-                chosen, shown, srcs = _explorer_state(v.page, ex)
+                chosen, shown, srcs, drawn = _explorer_state(v.page, ex)
                 want = exp.complete({**exp_fixed(ex), **chosen})
                 # JSON in the page turns 5.0 into 5: compare values, not their text.
                 point = next((p for p in recorded.points if p.params == want), None)
@@ -158,6 +162,7 @@ def test_every_explorer_control_shows_that_recorded_point(visit, page):
                     continue
                 assert len(shown) == 1, f"{exp.id}: {chosen} is recorded but {len(shown)} figures show"
                 assert {k: shown[0][k] for k in chosen} == chosen, f"{exp.id}: controls say {chosen}, figure is {shown[0]}"
+                assert drawn[0] > 0, f"{exp.id}: the figure for {chosen} is not drawn"
                 seen.add(srcs[0])
                 hits += 1
             assert hits < 2 or len(seen) == hits, f"{exp.id}.{name}: {hits} recorded points, {len(seen)} figures"

@@ -330,7 +330,8 @@ def test_plot_strategies():
     r = recorded("streams.strategies")
     fig = streams.plot_strategies(r)
     assert isinstance(fig, Figure) and len(fig.axes) == 3
-    a0, a1, a2 = fig.axes
+    by_title = {ax.get_title().split(" ")[0]: ax for ax in fig.axes}
+    a0, a1, a2 = by_title["Did"], by_title["Memory"], by_title["Time"]
     assert len(a0.patches) == 4
     colors = [p.get_facecolor() for p in a0.patches]
     assert colors[0] != colors[1]  # corrupted (unprotected) against correct (stall)

@@ -112,7 +112,7 @@ def fit_text(fig: Figure) -> Figure:
     for ax in fig.axes:
         ax_pt = ax.get_position().width * fig_pt
         for t in (ax.title, ax._left_title, ax._right_title):
-            wrap(t, max(ax_pt, fig_pt / 3))
+            wrap(t, max(1.15 * ax_pt, fig_pt / 3))  # a title may reach a little past its axes
     return fig
 
 

@@ -9,9 +9,11 @@ from typing import Any, Sequence
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
+import matplotlib.pyplot as plt
+
+from ..core.plotting import PALETTE, STYLE, bars, new_figure, stamp, stream_lanes
 from ..core.tables import Table
 from ..core.units import mib
-from ..core.plotting import PALETTE, bars, new_figure, stamp, stream_lanes
 from ..core.registry import Result
 from .workloads import STRATEGY_LABELS
 
@@ -51,7 +53,15 @@ def plot_strategies(result: Result) -> Any:
     names = d["strategies"]
     res = d["results"]
     labels = [STRATEGY_LABELS[s] for s in names]
-    fig, axes = new_figure(1, 3, width=12.0, height=3.8)
+    # Two panels side by side and the memory panel, with its three bars per strategy, below
+    # them at full width: in one row of three the labels collide at the book's column width.
+    fig, grid = new_figure(2, 2, width=8.8, height=6.6)
+    spec = grid[1][0].get_subplotspec().get_gridspec()
+    for ax in grid[1]:
+        ax.remove()
+    with plt.rc_context(STYLE):
+        memory = fig.add_subplot(spec[1, :])
+    axes = [grid[0][0], memory, grid[0][1]]
     n = res[names[0]]["trials"]
     corrupted = [res[s]["corrupted_trials"] for s in names]
     bars(labels, corrupted, ylabel=f"corrupted trials (of {n})", colors=[BAD if c else GOOD for c in corrupted],
