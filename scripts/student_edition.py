@@ -39,6 +39,10 @@ def student_config() -> dict:
     # The code cells are the same as the full book's: reuse its execution cache instead of
     # running every notebook again.
     config.setdefault("execute", {})["cache"] = str(ROOT / "_build" / ".jupyter_cache")
+    # Jupyter Book resolves local extensions against the config file's folder, and this
+    # config is written elsewhere (.venv/, _build/).
+    local = config["sphinx"].get("local_extensions") or {}
+    config["sphinx"]["local_extensions"] = {name: str(ROOT / path) for name, path in local.items()}
     return config
 
 

@@ -23,24 +23,29 @@ SOLUTION = re.compile(r"^(`{3,}|:{3,})\{solution\}.*?\n(.*?)^\1\s*$", re.M | re.
 def _plain(text: str) -> str:
     """Text without Markdown/HTML markup, whitespace collapsed: what a reader would read."""
     text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text)
+    text = text.translate(str.maketrans({"\u2019": "'", "\u2018": "'", "\u201c": '"', "\u201d": '"', "\u2212": "-"}))
     text = re.sub(r"[*`_\\|>#]", " ", html.unescape(text))
+    text = re.sub(r"\{\w+\}", " ", text)   # MyST roles ({ref}) render as their target's text
+    text = re.sub(r"\s+([.,:;)!?])", r"\1", re.sub(r"([(])\s+", r"\1", text))
     return re.sub(r"\s+", " ", text).strip()
 
 
-def _sources() -> dict[str, str]:
+def _sources(kind: str = "markdown") -> dict[str, str]:
     import jupytext
 
     out = {}
     for src in sorted((ROOT / "book" / "src").glob("*.py")):
         cells = jupytext.read(src).cells
-        out[src.stem] = "\n".join(c.source for c in cells if c.cell_type == "markdown")
+        out[src.stem] = "\n".join(c.source for c in cells if c.cell_type == kind)
     return out
 
 
 def solution_probes() -> list[str]:
     """Lines of every solution (markup stripped, 40+ characters), none of them also outside solutions."""
     sources = _sources()
-    outside = _plain(" ".join(SOLUTION.sub("", t) for t in sources.values()))
+    # Text the pages show outside solutions too (a solution may repeat an exercise's code).
+    outside = _plain(" ".join(SOLUTION.sub("", t) for t in sources.values()) + " "
+                     + " ".join(_sources("code").values()))
     probes = []
     for text in sources.values():
         for m in SOLUTION.finditer(text):
@@ -90,7 +95,7 @@ def _file_text(path) -> str:
     if path.suffix == ".html":
         t = _Text()
         t.feed(raw)
-        raw = " ".join(t.parts)
+        raw = "".join(t.parts)
     elif path.suffix == ".ipynb":
         raw = " ".join("".join(c.get("source", "")) if isinstance(c.get("source"), list) else c.get("source", "")
                        for c in json.loads(raw).get("cells", []))
@@ -121,7 +126,7 @@ def test_solution_probes_are_found_in_the_full_book(site):
     pages = " ".join(_crawl(site["dir"] / "book").values())
     found = [p for p in probes if p in pages]
     # The full book renders every solution; a few lines render differently (math, tables).
-    assert len(found) >= 0.8 * len(probes), [p for p in probes if p not in pages][:10]
+    assert len(found) >= 0.9 * len(probes), [p for p in probes if p not in pages][:10]
     assert solution_words() & _index_terms(site["dir"]), "the full book's search index has no solution word"
 
 
@@ -134,7 +139,7 @@ def test_student_site_has_no_solution_anywhere(student_site):
 
     stem = SearchEnglish({}).stem
     shown = {stem(w.lower()) for page in (student_site / "book").glob("*.html")
-             for w in re.findall(r"[A-Za-z]{5,}", _file_text(page))}
+             for w in re.findall(r"[A-Za-z]{2,}", _file_text(page))}
     words = (solution_words() & _index_terms(student_site)) - shown
     assert not words, f"the student search index holds words only solutions use: {sorted(words)[:20]}"
     for page in (student_site / "book").glob("*.html"):
@@ -151,6 +156,6 @@ def test_handed_out_notebooks_have_no_solution(tmp_path):
     written = mod.write_notebooks(tmp_path)
     probes = solution_probes()
     full = " ".join(_file_text(p) for p in (ROOT / "book").glob("*.ipynb"))
-    assert sum(p in full for p in probes) >= 0.8 * len(probes), "the probes do not match the repository's notebooks"
+    assert sum(p in full for p in probes) >= 0.9 * len(probes), "the probes do not match the repository's notebooks"
     leaks = [(p.name, s[:60]) for p in written for s in probes if s in _file_text(p)]
     assert not leaks, leaks[:10]
