@@ -440,7 +440,7 @@ def test_oom_tables_and_figures_under_each_cap(fake_gpu):
         r = Result("alloc.fragmentation_oom", {"cap_mib": cap, "expandable": False}, data, prov, "live", 0.0)
         early = not data["patterns"]["interleave"]["reached_request"]
         fig = allocator.plot_fragmentation_oom(r)
-        assert f"cap {cap} MiB" in fig._suptitle.get_text() and ("phase 1" in fig._suptitle.get_text()) is early
+        assert f"cap {cap} MiB" in fig._suptitle.get_text().replace("\n", " ") and ("phase 1" in fig._suptitle.get_text().replace("\n", " ")) is early
         labels = [t.get_text() for t in fig.axes[1].texts]
         assert labels == [("OOM (phase 1)" if not p["reached_request"] else "OOM") if p["oom"] else "fits"
                           for p in (data["patterns"][n] for n in ("shrink", "interleave", "grouped"))]
@@ -587,7 +587,7 @@ def test_figures_have_the_expected_artists(lab):
     assert any("Recorded on NVIDIA H200" in t.get_text() for t in fig.texts)
 
     fig = allocator.plot_anatomy(lab("alloc.anatomy", size_bytes=104857603.0, count=3))
-    assert len(bars(fig.axes[0])) == 6 and "model predicts exactly" in fig._suptitle.get_text()
+    assert len(bars(fig.axes[0])) == 6 and "model predicts exactly" in fig._suptitle.get_text().replace("\n", " ")
 
     tl = lab("alloc.timeline", small_mib=16, expandable=False)
     fig = allocator.plot_timeline(tl)
@@ -620,7 +620,7 @@ def test_figures_have_the_expected_artists(lab):
     fig = allocator.plot_pool_boundary(lab("alloc.pool_boundary", expandable=False))
     assert any(line.get_xdata()[0] == 1.0 for line in fig.axes[0].lines)   # the 1 MiB line
     s = lab("alloc.pool_boundary").data["small_to_large"]
-    assert f"{s['reserved_before_bytes'] // MiB} → {s['reserved_after_bytes'] // MiB} MiB" in fig._suptitle.get_text()
+    assert f"{s['reserved_before_bytes'] // MiB} → {s['reserved_after_bytes'] // MiB} MiB" in fig._suptitle.get_text().replace("\n", " ")
 
     fig = allocator.plot_knobs(lab("alloc.knobs"))
     assert len(fig.axes) == 3 and all(len(bars(ax)) == 3 for ax in fig.axes)

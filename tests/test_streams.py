@@ -469,7 +469,7 @@ def test_results_the_next_paragraph_discusses_are_not_folded():
     for source in ("streams.plot_strategies(race)", "streams.strategies_table(race)",  # ex 2.1
                    "streams.plot_runahead(sweep)", "streams.runahead_table(sweep)",    # ex 2.2
                    'params=["strategy", "consumer_ms", "host_delay_ms"',               # ex 2.3
-                   "streams.plot_counters(sweep)"):
+                   ):
         assert not any(source in h for h in hidden), f"the cell with {source!r} is folded"
     assert not any("streams.check_" in h for h in hidden), "the check's own feedback stays visible"
 

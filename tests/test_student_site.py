@@ -114,10 +114,12 @@ def _index_terms(root) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def student_site():
+def student_site(built_book, tmp_path_factory):
+    """The student edition, built with the full book's execution cache (no second execution)."""
     from tests.bookbuild import build_book
 
-    return build_book(student=True)
+    out = build_book(tmp_path_factory.mktemp("student"), student=True, cache=built_book / ".jupyter_cache")
+    return out / "_build" / "html"
 
 
 def test_solution_probes_are_found_in_the_full_book(site):

@@ -558,7 +558,8 @@ def test_rewrite_check_without_a_gpu(monkeypatch):
 # ================================================================ plots and tables
 
 def _texts(fig: Figure) -> str:
-    return " ".join(t.get_text() for t in fig.findobj(lambda a: hasattr(a, "get_text")))
+    # plotting.fit_text wraps long titles and footers at spaces: read them as one line
+    return " ".join(t.get_text().replace("\n", " ") for t in fig.findobj(lambda a: hasattr(a, "get_text")))
 
 
 def test_plot_run_ahead(recorded_mode):
@@ -608,7 +609,7 @@ def test_plot_pageable_threshold(recorded_mode):
     ax = syncs.plot_pageable_threshold(r).axes[0]
     assert ax.get_xscale() == "log"
     assert len(ax.get_legend().get_texts()) == 5, "three sources, the queued work, the threshold band"
-    assert f"wait from {r['threshold_bytes'] / 2**20:g} MiB" in ax.get_title()
+    assert f"wait from {r['threshold_bytes'] / 2**20:g} MiB" in ax.get_title().replace("\n", " ")
 
 
 def test_plot_case_study_and_timeline(recorded_mode):
