@@ -145,7 +145,9 @@ def plain_markdown(text: str, page: str, base: str, targets: dict[str, tuple[str
             counter[0] += 1
             n = numbers.get(page)
             num = f"{n}.{counter[0]}" if n else f"{counter[0]}"
-            return f"### Exercise {num}: {arg}\n\n{body}\n"
+            # An HTML anchor keeps the label (the grader and in-notebook links find the exercise by it).
+            anchor = f'<a id="{opts["label"]}"></a>\n\n' if "label" in opts else ""
+            return f"### Exercise {num}: {arg}\n\n{anchor}{body}\n"
         if name == "solution":
             return f"<details><summary>Solution</summary>\n\n{body}\n\n</details>\n"
         if name in ("warning", "note", "tip", "important", "caution", "attention"):
