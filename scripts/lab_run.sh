@@ -12,7 +12,7 @@ case "$what" in
   record)
     for ch in "$@"; do
       start=$(date +%s)
-      timeout "${CHAPTER_LIMIT_S:-150}" python3 -m experiments record --chapter "$ch" --quiet > "$LOGS/record-ch$ch.log" 2>&1
+      timeout "${CHAPTER_LIMIT_S:-300}" python3 -m experiments record --chapter "$ch" --quiet > "$LOGS/record-ch$ch.log" 2>&1
       rc=$?
       echo "chapter $ch: rc=$rc in $(( $(date +%s) - start )) s; $(grep -c '^wrote' "$LOGS/record-ch$ch.log") files; failed: $(grep '^FAILED' "$LOGS/record-ch$ch.log" | tr '\n' ' ')"
     done

@@ -16,7 +16,7 @@ import experiments as ex
 from experiments.core import claims, registry
 
 from experiments import pinned
-from experiments.pinned import model as sup
+from experiments.pinned import measurements as pinned_meas, model as sup
 from experiments.core.device import Provenance
 from experiments.core.registry import Result
 
@@ -750,12 +750,12 @@ def test_gpu_bandwidth_pinned_beats_pageable(live_mode):
 @pytest.mark.parametrize("direction", ["htod", "dtoh"])
 def test_gpu_pinned_non_blocking_returns_and_blocking_waits(live_mode, direction):
     d = registry.run("pinned.async_copy", size_kib=65536, direction=direction, repeats=3).data
-    pin_nb = pinned._variant(d, "pinned", True)
-    pin_b = pinned._variant(d, "pinned", False)
+    pin_nb = pinned_meas._variant(d, "pinned", True)
+    pin_b = pinned_meas._variant(d, "pinned", False)
     q = pin_nb["queued_gpu_ms"]
     assert pin_nb["host_blocked_ms"]["median"] < 0.1 * q, f"pinned non_blocking blocked: {pin_nb}"
     assert pin_b["host_blocked_ms"]["median"] > 0.8 * q, f"pinned blocking did not wait: {pin_b}"
-    page = pinned._variant(d, "pageable", True)
+    page = pinned_meas._variant(d, "pageable", True)
     assert page["host_blocked_ms"]["median"] >= 0.5 * q, f"64 MiB pageable non_blocking returned early: {page}"
     if direction == "htod":
         ok, measured = claims.get_claim("pinned.async_returns").predicate(d)

@@ -153,6 +153,14 @@ def _run_loader(loader: LoaderFn, *, n_buffers: int, n_batches: int, batch_mib: 
     numel = batch_mib * MiB // 4
     report: dict[str, Any] = {"n_batches": n_batches, "n_buffers": n_buffers, "queued_ms": queued_ms,
                               "yielded": [], "wrong_batches": [], "ahead_ms": None, "problem": None}
+    # A loader that pins its ring on first use would be timed through cudaHostAlloc, which waits
+    # for the GPU's queued work (seen on the lab H200: a correct loader judged 250 ms late in a
+    # fresh process whose earlier experiments had emptied the host cache). Pinning once is the
+    # point of the exercise, not when: leave blocks of the ring's size in both caches first.
+    warm = [torch.empty(numel, pin_memory=True) for _ in range(n_buffers)]
+    warm += [torch.empty(numel, device="cuda") for _ in range(n_buffers + 1)]
+    del warm
+    torch.cuda.synchronize()
     for phase, (q_ms, c_ms) in enumerate(((queued_ms, compute_ms), (0.0, 0.0)), start=1):
         batches = [torch.full((numel,), float(k + 1)) for k in range(n_batches)]
         wrong = torch.zeros(n_batches, dtype=torch.int64, device="cuda")

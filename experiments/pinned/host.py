@@ -44,8 +44,8 @@ def _require_host_tools(what: str, *, stats: bool = True) -> None:
     found = sup.find_empty_host_cache()
     if found.call is None:
         raise RuntimeError(f"{what} needs to empty the pinned host cache, but {found.note}")
-    if stats and sup.hoststats_dict() is None:
-        raise RuntimeError(f"{what} reads torch.cuda.host_memorystats_dict(), which torch {torch.__version__} "
+    if stats and sup.host_stats() is None:
+        raise RuntimeError(f"{what} reads torch.cuda.host_memory_stats(), which torch {torch.__version__} "
                            "does not have; it is in the releases from about 2.7 on")
 
 

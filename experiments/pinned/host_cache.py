@@ -40,7 +40,7 @@ POW2_REQUESTS = (1000, 4096, 5000, MiB + 1, 65 * MiB, 100 * MiB, 135_790_592)  #
 )
 def pow2_rounding() -> dict[str, Any]:
     """Pin each request of ``POW2_REQUESTS`` (1000 B to 129.5 MiB, all kept alive) and read how
-    many bytes the host allocator came to own for it (``torch.cuda.host_memorystats_dict()``).
+    many bytes the host allocator came to own for it (``torch.cuda.host_memory_stats()``).
 
     Returns:
         per request: ``requests_bytes``, ``owned_bytes`` (growth of the owned bytes),
@@ -58,9 +58,9 @@ def pow2_rounding() -> dict[str, Any]:
     hold, owned, new_blocks = [], [], []
     naming = ""
     for r in POW2_REQUESTS:
-        before = sup.hoststats_dict()
+        before = sup.host_stats()
         hold.append(torch.empty(r, dtype=torch.uint8, pin_memory=True))
-        after = sup.hoststats_dict()
+        after = sup.host_stats()
         naming = sup.stats_naming(after)
         owned.append(sup.owned_bytes(after) - sup.owned_bytes(before))
         new_blocks.append(int(after["num_host_alloc"]) - int(before["num_host_alloc"]))
@@ -121,7 +121,7 @@ def lifecycle(unit_mib: int = 1) -> dict[str, Any]:
     _require_host_tools("pinned.lifecycle")
     _warm_gpu()
     call = _release_pinned()
-    base = sup.hoststats_dict()
+    base = sup.host_stats()
     live: dict[str, torch.Tensor] = {}
     owned, allocs, frees, step_ms = [], [], [], []
     for step in sup.LIFECYCLE_STEPS:
@@ -138,7 +138,7 @@ def lifecycle(unit_mib: int = 1) -> dict[str, Any]:
         else:
             empty_host_cache()
         step_ms.append((time.perf_counter() - t0) * 1e3)
-        s = sup.hoststats_dict()
+        s = sup.host_stats()
         owned.append(sup.owned_bytes(s) - sup.owned_bytes(base))
         allocs.append(int(s["num_host_alloc"]) - int(base["num_host_alloc"]))
         frees.append(int(s["num_host_free"]) - int(base["num_host_free"]))
