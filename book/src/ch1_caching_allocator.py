@@ -711,7 +711,7 @@ for key, text in al.DOCTOR_SETTINGS.items():
 al.check_doctor_setting(None)  # "a", "b", "c" or "d"
 
 # %% tags=["hide-output"] mystnb={"code_prompt_show": "Show the answer", "code_prompt_hide": "Hide the answer"}
-print(al.lab_comparison_table(al.lab_comparison(training)))
+display(al.lab_comparison_table(al.lab_comparison(training)))
 al.plot_doctor_snapshots(training)
 
 # %% [markdown]

@@ -24,7 +24,9 @@ import json
 import sys
 from typing import Any, Mapping, Sequence
 
-from .model import AllocatorConfig, format_bytes
+from ..core.tables import Table
+from ..core.units import format_bytes, mib
+from .model import AllocatorConfig
 from .engine import H200_TOTAL_MEMORY, Engine, EngineOutOfMemory
 from .replay import R_ALLOC, R_EMPTY, R_FREE_DONE, R_FREE_REQ, Run, _finish, _no_gc, replay
 from .trace import SnapshotError, Trace, read
@@ -233,14 +235,12 @@ class Report:
                 lines.append(f"  {format_bytes(p['segment_bytes'])} {p['pool']} segment at {p['address']:#x}: "
                              f"{format_bytes(p['free_bytes'])} free, held by {blocks}{more}")
         rows = self.rows()
-        w = max(len(x["label"]) for x in rows)
+        table = Table(["setting", "peak reserved", "peak allocated", "final reserved", "frag@peak", "OOMs"],
+                      [[x["label"], format_bytes(x["peak_reserved_bytes"]), format_bytes(x["peak_allocated_bytes"]),
+                        format_bytes(x["final_reserved_bytes"]), f"{x['peak_fragmentation']:.2f}", x["oom_events"]]
+                       for x in rows], right=[False, True, True, True, True, True])
         lines.append("the same requests under each setting:")
-        lines.append(f"  {'setting'.ljust(w)}  {'peak reserved':>14}  {'peak allocated':>14}  {'final reserved':>14}"
-                     f"  {'frag@peak':>9}  OOMs")
-        for x in rows:
-            lines.append(f"  {x['label'].ljust(w)}  {format_bytes(x['peak_reserved_bytes']):>14}  "
-                         f"{format_bytes(x['peak_allocated_bytes']):>14}  {format_bytes(x['final_reserved_bytes']):>14}"
-                         f"  {x['peak_fragmentation']:>9.2f}  {x['oom_events']}")
+        lines += ["  " + line for line in str(table).splitlines()]
         return "\n".join(lines)
 
     def figure(self) -> Any:
@@ -335,15 +335,12 @@ def plot_doctor_snapshots(result: Any, workload_settings: str = "") -> Any:
     return stamp(rep.figure(), result) if hasattr(result, "caption") else rep.figure()
 
 
-def lab_comparison_table(rows: Sequence[Mapping[str, Any]]) -> str:
-    """:func:`lab_comparison` as text, in MiB."""
-    head = f"{'setting':34s} {'what-if peak':>13s} {'GPU peak':>10s} {'what-if end':>12s} {'GPU end':>9s}  (MiB reserved)"
-    lines = [head]
-    for r in rows:
-        lines.append(f"{r['settings']:34s} {r['what_if_peak_reserved_bytes'] / 2**20:13.0f} "
-                     f"{r['gpu_peak_reserved_bytes'] / 2**20:10.0f} {r['what_if_final_reserved_bytes'] / 2**20:12.0f} "
-                     f"{r['gpu_final_reserved_bytes'] / 2**20:9.0f}")
-    return "\n".join(lines)
+def lab_comparison_table(rows: Sequence[Mapping[str, Any]]) -> Table:
+    """:func:`lab_comparison` as a table: peak and final reserved MiB, the what-if's and the GPU's."""
+    return Table(["setting", "what-if peak (MiB)", "GPU peak (MiB)", "what-if end (MiB)", "GPU end (MiB)"],
+                 [[r["settings"], f"{mib(r['what_if_peak_reserved_bytes']):.0f}", f"{mib(r['gpu_peak_reserved_bytes']):.0f}",
+                   f"{mib(r['what_if_final_reserved_bytes']):.0f}", f"{mib(r['gpu_final_reserved_bytes']):.0f}"]
+                  for r in rows], "reserved memory", right=[False, True, True, True, True])
 
 
 def doctor(snapshot: Any, what_if: Sequence[str] = (), *, cap_bytes: int | None = None,

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from . import chapters
+from .tables import Table
 from . import claims as claims_mod
 from . import registry, store
 from .device import has_cuda
@@ -44,11 +45,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     for e in registry.all_experiments(args.chapter):
         gpus = store.recorded_gpus(e.id)
         rows.append((str(e.chapter), e.id, str(len(e.grid)), ", ".join(gpus) or "-", e.title))
-    header = ("ch", "experiment", "points", "recorded on", "title")
-    widths = [max(len(r[i]) for r in rows + [header]) for i in range(4)]
-    print("  ".join(h.ljust(w) for h, w in zip(header, widths)) + "  " + header[4])
-    for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[4])
+    print(Table(["ch", "experiment", "points", "recorded on", "title"], rows))
     return 0
 
 
