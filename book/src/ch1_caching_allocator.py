@@ -681,7 +681,8 @@ al.plot_sequence(run, title="2 MiB, free, then 512 KiB")
 training = ex.run("alloc.doctor_snapshots", workload="training")
 lab_run = training["runs"][0]                     # recorded with the default settings
 report = al.doctor(lab_run, what_if=["expandable_segments:True"])
-print(report.text())
+print(report.summary())
+report.table()
 
 # %% [markdown]
 # The first lines are the replay's verdict, then what was reserved but not allocated at

@@ -210,8 +210,22 @@ class Report:
             out.append({"label": label, **run.summary(), **{f"peak_{k}": v for k, v in stats.items()}})
         return out
 
+    def table(self) -> Table:
+        """The settings side by side: peak and final reserved, peak allocated, fragmentation at the
+        peak and OOMs, the recorded setting first (an HTML table in a notebook)."""
+        return Table(["setting", "peak reserved", "peak allocated", "final reserved", "frag@peak", "OOMs"],
+                     [[x["label"], format_bytes(x["peak_reserved_bytes"]), format_bytes(x["peak_allocated_bytes"]),
+                       format_bytes(x["final_reserved_bytes"]), f"{x['peak_fragmentation']:.2f}", x["oom_events"]]
+                      for x in self.rows()], right=[False, True, True, True, True, True])
+
     def text(self) -> str:
-        """The short report: replay verdict, what is reserved but unusable at the peak, what-ifs."""
+        """The short report: :meth:`summary`, then :meth:`table` as text."""
+        return "\n".join([self.summary(), "the same requests under each setting:"]
+                          + ["  " + line for line in str(self.table()).splitlines()])
+
+    def summary(self) -> str:
+        """The replay's verdict and what is reserved but unusable at the peak (which live blocks
+        pin which segments)."""
         t, r = self.trace, self.replay
         lines = [f"snapshot: {len(t.events):,} trace events; settings: {t.settings or 'defaults'}"
                  + (f"; cap {format_bytes(self.cap_bytes)}" if self.cap_bytes else "")]
@@ -234,13 +248,6 @@ class Report:
                 more = f" and {len(p['live_blocks']) - 4} more" if len(p["live_blocks"]) > 4 else ""
                 lines.append(f"  {format_bytes(p['segment_bytes'])} {p['pool']} segment at {p['address']:#x}: "
                              f"{format_bytes(p['free_bytes'])} free, held by {blocks}{more}")
-        rows = self.rows()
-        table = Table(["setting", "peak reserved", "peak allocated", "final reserved", "frag@peak", "OOMs"],
-                      [[x["label"], format_bytes(x["peak_reserved_bytes"]), format_bytes(x["peak_allocated_bytes"]),
-                        format_bytes(x["final_reserved_bytes"]), f"{x['peak_fragmentation']:.2f}", x["oom_events"]]
-                       for x in rows], right=[False, True, True, True, True, True])
-        lines.append("the same requests under each setting:")
-        lines += ["  " + line for line in str(table).splitlines()]
         return "\n".join(lines)
 
     def figure(self) -> Any:
@@ -274,7 +281,7 @@ class Report:
     def _repr_html_(self) -> str:
         import html
 
-        return "<pre>" + html.escape(self.text()) + "</pre>"
+        return "<pre>" + html.escape(self.summary()) + "</pre>" + self.table()._repr_html_()
 
     def _ipython_display_(self) -> None:
         from IPython.display import HTML, display
