@@ -17,7 +17,8 @@ from experiments import allocator
 from experiments.allocator import fresh as alloc_fresh, measurements as alloc_meas, predict as alloc_predict
 
 from experiments.allocator import gpu as allocator_gpu
-from experiments.allocator.model import AllocatorConfig, MiB, simulate
+from experiments.allocator.model import AllocatorConfig, MiB
+from experiments.allocator.replay import simulate
 from experiments.allocator.snapshot import (
     PoolIdsMissingError, format_figure, fragmentation_index, layout_summary, load_snapshot, oom_rows,
     parse_oom_message, parse_segments,

@@ -300,7 +300,7 @@ def test_the_exercise_answer_comes_from_the_gpus_runs():
 
 
 def test_simulate_points_a_snapshot_to_the_doctor():
-    from experiments.allocator.model import simulate
+    from experiments.allocator.replay import simulate
 
     with pytest.raises(ValueError, match="al.doctor"):
         simulate(RUNS[("streams", "")]["snapshot"])

@@ -12,7 +12,8 @@ from experiments import allocator
 from experiments.allocator import fresh as alloc_fresh, measurements as alloc_meas, predict as alloc_predict
 
 from experiments.core import claims, registry
-from experiments.allocator.model import MiB, compact_layout, simulate
+from experiments.allocator.model import MiB, compact_layout
+from experiments.allocator.replay import simulate
 
 pytestmark = pytest.mark.gpu
 

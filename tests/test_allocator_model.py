@@ -2,11 +2,13 @@
 and seed-posts.md §4.3 (all measured on the lab GPU with torch 2.11)."""
 import pytest
 
+from experiments.allocator.engine import Engine, EngineOutOfMemory
 from experiments.allocator.model import (
-    KiB, MiB, AllocatorConfig, CachingAllocatorModel, ModelOutOfMemoryError, allocation_size, compact_layout,
-    format_bytes, normalize_ops, parse_roundup_divisions, parse_size, pool_of, request_anatomy, round_size,
-    should_split, simulate,
+    KiB, MiB, AllocatorConfig, allocation_size, compact_layout,
+    format_bytes, normalize_ops, parse_roundup_divisions, parse_size, pool_of, round_size,
+    should_split,
 )
+from experiments.allocator.replay import request_anatomy, simulate
 
 EXP = {"expandable_segments": True}
 
@@ -229,19 +231,24 @@ def test_garbage_collection_releases_every_block_of_average_age():
 # --------------------------------------------------------------------------- memory cap and OOM
 
 def test_a_capped_model_releases_cached_segments_then_raises():
-    m = CachingAllocatorModel(cap_bytes=100 * MiB)
+    m = Engine(AllocatorConfig(), cap_bytes=100 * MiB)
+
+    def free(block):
+        m.free_requested(block)
+        m.free_completed(block)
+
     a, b = m.malloc(40 * MiB), m.malloc(40 * MiB)
-    m.free(a)
+    free(a)
     c = m.malloc(50 * MiB)            # 80 + 50 > 100: release the free 40 MiB segment, retry
     assert (m.reserved_bytes, m.num_alloc_retries) == (90 * MiB, 1)
-    with pytest.raises(ModelOutOfMemoryError) as err:
+    with pytest.raises(EngineOutOfMemory) as err:
         m.malloc(20 * MiB)
     assert err.value.figures["alloc_size_bytes"] == 20 * MiB and err.value.figures["reserved_bytes"] == 90 * MiB
     assert m.num_ooms == 1 and "20 MiB" in str(err.value)
-    m.free(b)
-    m.free(c)
-    with pytest.raises(ValueError, match="still allocated"):
-        m.free(c)
+    free(b)
+    free(c)
+    with pytest.raises(ValueError, match="not allocated"):
+        free(c)
 
 
 def test_simulate_stops_at_the_first_oom_with_a_snapshot():

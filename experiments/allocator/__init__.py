@@ -16,8 +16,9 @@ from .workloads import (  # noqa: F401
     TIMELINE_SMALL_MIB,
 )
 from .model import (  # noqa: F401
-    AllocatorConfig, compact_layout, normalize_ops, request_anatomy, round_size, simulate,
+    AllocatorConfig, compact_layout, normalize_ops, round_size,
 )
+from .replay import request_anatomy, simulate  # noqa: F401
 from .plots import (  # noqa: F401
     graph_pools_table, knobs_table, oom_figures_table, oom_message, oom_table, plot_anatomy,
     plot_fragmentation_oom, plot_graph_pools, plot_knobs, plot_pool_boundary, plot_request_table,

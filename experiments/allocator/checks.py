@@ -14,7 +14,8 @@ import random
 from typing import Any, Callable, Mapping, Sequence
 
 from ..core.units import MiB
-from .model import AllocatorConfig, normalize_ops, simulate
+from .model import AllocatorConfig, normalize_ops
+from .replay import simulate
 from ..core.checks import Feedback, check_choice, check_number, combine, exercise, unanswered
 
 

@@ -30,7 +30,7 @@ from collections import deque
 from typing import Any, Callable, Iterable
 
 from .model import (DEFAULT, LARGE_BUFFER, MIN_BLOCK_SIZE, SMALL_BUFFER, SMALL_SIZE, AllocatorConfig,
-                              allocation_size, round_size)
+                              allocation_size, format_bytes, round_size)
 
 H200_TOTAL_MEMORY = 150_109_880_320   # totalGlobalMem of the lab H200 (allocator-rules.md §I)
 DEFAULT_POOL = (0, 0)
@@ -42,8 +42,8 @@ class EngineOutOfMemory(RuntimeError):
     def __init__(self, nbytes: int, rounded: int, alloc: int, allocated: int, reserved: int):
         self.figures = {"request_bytes": nbytes, "rounded_bytes": rounded, "alloc_size_bytes": alloc,
                         "allocated_bytes": allocated, "reserved_bytes": reserved}
-        super().__init__(f"out of memory: tried to allocate {alloc} bytes with {allocated} allocated and "
-                         f"{reserved} reserved")
+        super().__init__(f"out of memory: tried to allocate {format_bytes(alloc)} with {format_bytes(allocated)} "
+                         f"allocated and {format_bytes(reserved)} reserved")
 
 
 class Block:

@@ -1,6 +1,6 @@
 """The allocation patterns of chapter 1's experiments, as operation sequences.
 
-Each pattern is a list of operations for :func:`experiments.allocator_model.simulate`
+Each pattern is a list of operations for :func:`experiments.allocator.replay.simulate`
 (the model) and :func:`experiments.allocator_gpu.run_ops` (the GPU), so the prediction
 and the measurement run exactly the same steps. Sizes are in bytes unless a name says MiB.
 """
