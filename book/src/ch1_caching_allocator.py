@@ -29,7 +29,7 @@
 #
 # Every experiment runs live on your GPU when there is one, and shows the result
 # recorded on the lab GPU otherwise. Each also carries the prediction of a small Python
-# model of the allocator's rules (`experiments.allocator_model`), so you can test your
+# model of the allocator's rules (`experiments.allocator.model`), so you can test your
 # understanding without a GPU.
 
 # %%

@@ -4,7 +4,7 @@
 Each ``check_*`` function returns :class:`experiments.checks.Feedback`; ``None`` answers
 mean "not answered yet". Expected values come from the lab GPU's recorded result (or
 your GPU's, in live mode) where the exercise is about a measurement, and from the
-allocator model (:mod:`experiments.allocator_model`, itself checked against the GPU)
+allocator model (:mod:`experiments.allocator.model`, itself checked against the GPU)
 where it is about the rules, so every check works without a GPU.
 """
 from __future__ import annotations
@@ -313,7 +313,7 @@ def try_sequence(ops: Sequence[Sequence[Any]], *, settings: Mapping[str, Any] | 
     """Predict (and, on a GPU, measure) reserved memory for your own sequence of operations.
 
     Args:
-        ops: operations as in :func:`experiments.allocator_model.normalize_ops`, e.g.
+        ops: operations as in :func:`experiments.allocator.model.normalize_ops`, e.g.
             ``[("alloc", "a", "2 MiB"), ("free", "a"), ("alloc", "b", "512 KiB")]``.
         settings: allocator settings, e.g. ``{"expandable_segments": True}``.
         cap_mib: a memory cap in MiB (runs the measurement under it).

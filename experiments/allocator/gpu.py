@@ -63,7 +63,7 @@ def _settle_fresh_process() -> None:
 # ----------------------------------------------------------------------------- sequences
 
 def run_ops(ops: Sequence[Sequence[Any]]) -> dict[str, Any]:
-    """Run allocator operations (see :func:`experiments.allocator_model.normalize_ops`) here.
+    """Run allocator operations (see :func:`experiments.allocator.model.normalize_ops`) here.
 
     Uses this process's default pools, so call it in a fresh process where nothing else
     is allocated (snapshots list every segment of the process). Each tensor is

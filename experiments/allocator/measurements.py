@@ -23,7 +23,7 @@ needs one, so it behaves the same on a 16 GB T4 and on the lab's H200. Measureme
 need the same settings share one fresh process (:func:`shared_jobs`): recording the
 whole chapter starts five, one each for default settings, expandable segments and the
 three knobs. Each result also carries what the pure-Python model
-(:mod:`experiments.allocator_model`) predicts.
+(:mod:`experiments.allocator.model`) predicts.
 
 Source post: https://docs.pytorch.org/devlogs/eager/2026-06-01-cuda-caching-allocator/
 (Edward Yang, 2026-06-01); rules: ``c10/cuda/CUDACachingAllocator.cpp``; settings:

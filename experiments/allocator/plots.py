@@ -74,7 +74,7 @@ def plot_segments(segments: Sequence[Mapping[str, Any]], *, title: str = "", sou
     """A segment map of any layout, e.g. ``parse_segments(torch.cuda.memory._snapshot())``.
 
     Args:
-        segments: plain segment dicts (:func:`experiments.allocator_snapshot.parse_segments`).
+        segments: plain segment dicts (:func:`experiments.allocator.snapshot.parse_segments`).
         title: shown above the map (may have two lines).
         source: a Result, or a string for the footer (default: 'your snapshot').
     """

@@ -143,7 +143,7 @@ def predict_graph_pools(data: Mapping[str, Any], expandable: bool) -> dict[str, 
     both capture styles ('no_grad', 'autograd') and both orders, from the recorded model
     shape (batch sizes, hidden size, dtype). The model knows nothing of CUDA graphs: a
     private pool is an allocator of its own, and these are its requests
-    (:func:`experiments.allocator_workloads.graph_capture_ops`)."""
+    (:func:`experiments.allocator.workloads.graph_capture_ops`)."""
     cfg = AllocatorConfig(expandable_segments=expandable)
     out: dict[str, dict[str, list[int]]] = {}
     for variant, autograd in (("no_grad", False), ("autograd", True)):

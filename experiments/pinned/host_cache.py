@@ -101,7 +101,7 @@ def _claim_pow2(d: Mapping[str, Any]) -> tuple[bool, dict[str, Any]]:
     },
 )
 def lifecycle(unit_mib: int = 1) -> dict[str, Any]:
-    """Run the script ``pinned_support.LIFECYCLE_STEPS`` (pin a, b, c; del a; pin d, e; del all;
+    """Run the script ``model.LIFECYCLE_STEPS`` (pin a, b, c; del a; pin d, e; del all;
     ``torch.cuda.empty_cache()``; empty the host cache) and read the host allocator after
     each step. No copies are involved, so freed blocks are cached at once.
 
@@ -109,7 +109,7 @@ def lifecycle(unit_mib: int = 1) -> dict[str, Any]:
         per step: ``steps`` (labels), ``owned_bytes`` (relative to the start),
         ``num_host_alloc`` and ``num_host_free`` (driver calls since the start),
         ``step_ms`` (host time of the step), and ``model_owned_bytes`` /
-        ``model_num_host_alloc``: what :func:`pinned_support.simulate_lifecycle` predicts.
+        ``model_num_host_alloc``: what :func:`.model.simulate_lifecycle` predicts.
 
     Raises:
         RuntimeError: this torch cannot empty the host cache or has no host_memory_stats.

@@ -3,7 +3,7 @@
 A buffer allocated on one CUDA stream and read on another is invisible, on the second
 stream, to PyTorch's caching allocator: it hands the block out again to the next request
 on the allocation stream as soon as Python drops the tensor. The experiments here run a
-layer-by-layer producer/consumer pipeline (:mod:`experiments.streams_pipeline`) under
+layer-by-layer producer/consumer pipeline (:mod:`experiments.streams.workloads`) under
 four strategies and measure correctness, the allocator's counters and GPU time.
 
 Source post: "Cross-stream memory management: wait_event instead of record_stream"

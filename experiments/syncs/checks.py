@@ -339,7 +339,7 @@ def _compare(out: Any, ref: tuple[torch.Tensor, torch.Tensor]) -> str:
 @exercise("ex-syncs-rewrite", chapter=4, points=3, section="Case study: the metrics helper", needs_gpu=True,
           objective="Rewrite a function so that it keeps no host-device sync, and show it with the detector.")
 def check_sync_free_rewrite(fn: Callable[[torch.Tensor], Any] | None, *, queued_ms: float = 20.0) -> Feedback:
-    """Check a sync-free rewrite of :func:`~experiments.syncs_case.reduce_grad_stats`.
+    """Check a sync-free rewrite of :func:`~experiments.syncs.case.reduce_grad_stats`.
 
     On a GPU: one warm-up call (a constant built once may sync there), then a call under
     the book's detector with ``queued_ms`` of GPU work queued; it must report no sync

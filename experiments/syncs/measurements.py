@@ -8,7 +8,7 @@ semantics, https://docs.pytorch.org/docs/stable/notes/cuda.html#asynchronous-exe
 and ``torch.cuda.set_sync_debug_mode``,
 https://docs.pytorch.org/docs/stable/generated/torch.cuda.set_sync_debug_mode.html.
 
-Helpers live in :mod:`.syncs_ops` (the catalogue's operations), :mod:`.syncs_case`
+Helpers live in :mod:`.ops` (the catalogue's operations), :mod:`.case`
 (the case study), :mod:`.syncs_plots` (figures and tables) and :mod:`.syncs_checks`
 (exercises); everything a page needs is importable from here.
 """
@@ -170,7 +170,7 @@ _ROW = {
     },
 )
 def catalogue(numel: int = 4096, work_ms: float = 20.0) -> dict[str, Any]:
-    """Run every operation of :data:`~experiments.syncs_ops.OPS` and record, per row:
+    """Run every operation of :data:`~experiments.syncs.ops.OPS` and record, per row:
     ``debug_mode_syncs`` (warnings from ``set_sync_debug_mode("warn")``),
     ``detector_syncs``/``detector_kinds`` (the book's detector), ``host_blocked_ms``
     (stats, ms, with ``work_ms`` of GPU work queued first), ``blocks`` (waited at least
@@ -324,7 +324,7 @@ _CASE_VARIANT = {
 )
 def case_study(balance: float = 1.0, steps: int = 40) -> dict[str, Any]:
     """Step time of a training step (MLP, per-group gradient metrics, then gradient
-    clipping, AdamW and an EMA that each update one tensor at a time; :mod:`.syncs_case`)
+    clipping, AdamW and an EMA that each update one tensor at a time; :mod:`.case`)
     with the post's ``reduce_grad_stats`` (tuple index: a hidden sync) and with the column
     index kept on the device.
 
@@ -333,7 +333,7 @@ def case_study(balance: float = 1.0, steps: int = 40) -> dict[str, Any]:
     of the sync-free step and of each phase, GPU drained first), ``gpu_phase_ms`` (GPU
     time of each phase with its launches queued ahead; ``heavy_gpu_ms`` is the forward +
     backward one), ``gpu_ms_per_step``, ``gpu_to_host`` (the ratio reached),
-    ``predicted_ms`` (the queue model, :func:`~experiments.syncs_case.predicted_step_ms`),
+    ``predicted_ms`` (the queue model, :func:`~experiments.syncs.case.predicted_step_ms`),
     per variant ``step_ms`` (stats of the GPU-side step period, ms),
     ``wall_ms_per_step``, ``host_phase_ms``, ``syncs_per_step`` (the detector, one
     step), ``sync_report`` and a three-step ``timeline``; and ``speedup`` (hidden /
