@@ -75,7 +75,8 @@ class Table:
             body = f"<code>{body}</code>"
         align = "right" if self.right[i] else "left"
         # Short values ('2 MiB − 512 B') stay on one line; long ones may wrap in a narrow column.
-        nowrap = ";white-space:nowrap" if len(text) <= 16 else ""
+        # Headers may wrap between words, so a column is as wide as its figures, not its name.
+        nowrap = ";white-space:nowrap" if tag == "td" and len(text) <= 16 else ""
         return f"<{tag} style='text-align:{align};padding:2px 8px;vertical-align:top{nowrap}'>{body}</{tag}>"
 
     def _repr_html_(self) -> str:
