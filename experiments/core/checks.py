@@ -104,6 +104,10 @@ def check_choice(answer: Any, correct: Any, *, explanations: Mapping[Any, str], 
         raise ValueError(f"the correct option {correct!r} has no explanation")
     if answer is None:
         return unanswered(f"one of {list(explanations)} as {name}")
+    if not isinstance(answer, str) and all(isinstance(k, str) for k in explanations):
+        # options are letters: 3 or ["c"] is a reader's typing, answered with the form to use
+        return Feedback(False, f"Answer with one letter in quotes, one of {', '.join(map(repr, explanations))}; got {answer!r}.",
+                        {"wrong_parts": [name]})
     if isinstance(answer, str) and answer not in explanations:
         # 'B' or ' b ' for option 'b': a reader's typing, not a wrong answer
         folded = {str(k).lower(): k for k in explanations}

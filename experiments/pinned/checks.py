@@ -81,8 +81,6 @@ def check_overwrite_guard(answer: Any) -> Feedback:
     the write safe while blocking the host the least? (options in ``OVERWRITE_OPTIONS``)"""
     if answer is None:
         return unanswered('the letter of your option, "a" to "e"')
-    if not isinstance(answer, str):  # check_choice cannot look up a list or a dict
-        return Feedback(False, f'Answer with one letter in quotes, "a" to "e"; got {answer!r}.')
     return check_choice(answer, "c", name="your option", explanations={
         "a": "No: empty_cache() returns cached device blocks to the driver. It neither waits for the copy nor "
              "protects the pinned buffer.",

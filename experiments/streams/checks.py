@@ -150,8 +150,6 @@ def check_allocation_stream(answer: str | None) -> Feedback:
     before the last reference is dropped?"""
     if answer is None:
         return unanswered('the letter of your choice: "a", "b", "c" or "d"')
-    if not isinstance(answer, str):  # check_choice cannot look up a list or a dict
-        return Feedback(False, f'Answer with one letter in quotes, "a", "b", "c" or "d"; got {answer!r}.')
     return check_choice(answer, "c", name="your choice", explanations={
         "a": "Not quite. The compute stream reads the buffer, but the allocator never hands this block to a "
              "compute-stream allocation: free blocks are reused only on their allocation stream.",
@@ -172,8 +170,6 @@ def check_cap_stall(answer: str | None) -> Feedback:
     allocation come from, under a memory cap with record_stream?"""
     if answer is None:
         return unanswered('the letter of your choice: "a", "b", "c" or "d"')
-    if not isinstance(answer, str):  # check_choice cannot look up a list or a dict
-        return Feedback(False, f'Answer with one letter in quotes, "a", "b", "c" or "d"; got {answer!r}.')
     return check_choice(answer, "b", name="your choice", explanations={
         "a": "No: the event handoff allocates the same 64 MiB buffers under the same cap and its worst allocation "
              "takes well under a millisecond.",

@@ -128,8 +128,6 @@ def check_bubble_cost(answer: str | None) -> Feedback:
     """Multiple choice: what a single sync in a run-ahead loop costs (see :data:`BUBBLE_OPTIONS`)."""
     if answer is None:
         return unanswered('the letter of your option: "a", "b", "c" or "d"')
-    if not isinstance(answer, str):  # check_choice cannot look up a list or a dict
-        return Feedback(False, f'Answer with one letter in quotes, "a", "b", "c" or "d"; got {answer!r}.')
     return check_choice(answer, "b", name="your option", explanations={
         "a": "No: while the host waited, the GPU was busy with work queued earlier. The wait is what profilers "
              "draw in red, but no GPU time was lost during it.",
