@@ -301,7 +301,9 @@ def test_every_grid_fits_the_time_budget_shape():
     assert grids == {"alloc.request_table": 1, "alloc.anatomy": 16, "alloc.timeline": 4, "alloc.fragmentation_oom": 6,
                      "alloc.graph_pools": 2, "alloc.pool_boundary": 2, "alloc.knobs": 1,
                      # the doctor's snapshots: 7 workloads x 2-5 settings, ~140 s on the H200
-                     "alloc.doctor_snapshots": 7}
+                     "alloc.doctor_snapshots": 7,
+                     # the doctor's test oracles: 16 real programs x 2-5 settings, on demand, ~4 min
+                     "alloc.doctor_cases": 16}
 
 
 def test_a_shared_result_is_handed_out_once_and_not_for_long(fake_gpu, monkeypatch):

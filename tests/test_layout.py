@@ -22,7 +22,7 @@ TOOL_CORE = {"experiments.core.units", "experiments.core.tables", "experiments.c
 TOOL_FIGURES = {"experiments.doctor.figure": {"experiments.core.plotting"}}
 # Modules a chapter may have beside the roles, each named for what it holds.
 # doctor_gpu and doctor_cases record the programs that hold the doctor to what the GPU did.
-EXTRA = {"allocator": {"snapshot", "gpu", "predict", "fresh", "doctor_gpu", "doctor_cases"},
+EXTRA = {"allocator": {"snapshot", "gpu", "predict", "fresh", "doctor_gpu", "doctor_cases", "doctor_programs"},
          "streams": set(), "pinned": {"host", "host_cache", "staging"},
          "syncs": {"ops", "case", "detector"}}
 MAX_LINES = 600

@@ -513,5 +513,5 @@ def knobs() -> dict[str, Any]:
     return out
 
 
-# The doctor's recordings (alloc.doctor_snapshots) are registered with the chapter's experiments.
-from . import doctor_gpu  # noqa: E402,F401
+# The doctor's recordings (alloc.doctor_snapshots, alloc.doctor_cases) are registered with the chapter's experiments.
+from . import doctor_cases, doctor_gpu  # noqa: E402,F401

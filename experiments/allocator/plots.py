@@ -500,6 +500,16 @@ def plot_doctor_snapshots(result: Any, workload_settings: str = "") -> Any:
     return stamp(rep.figure(), result) if hasattr(result, "caption") else rep.figure()
 
 
+def plot_doctor_cases(result: Any, workload_settings: str = "") -> Any:
+    """The what-if figure for a result of ``alloc.doctor_cases`` (one real program under several
+    settings): the run under ``workload_settings`` replayed, the others' settings as what-ifs.
+
+    Raises:
+        ValueError: ``result`` has no run under ``workload_settings``.
+    """
+    return plot_doctor_snapshots(result, workload_settings)
+
+
 def lab_comparison_table(rows: Sequence[Mapping[str, Any]]) -> Table:
     """:func:`lab_comparison` as a table: peak and final reserved MiB, the what-if's and the GPU's."""
     return Table(["setting", "what-if peak (MiB)", "GPU peak (MiB)", "what-if end (MiB)", "GPU end (MiB)"],

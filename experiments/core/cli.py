@@ -38,6 +38,11 @@ def cmd_record(args: argparse.Namespace) -> int:
     from . import registry
 
     exps = _select(args.chapter, args.experiment)
+    if not args.experiment:
+        for e in exps:
+            if e.on_demand:
+                print(f"skipped {e.id} (on a budget of its own: record --experiment {e.id})")
+        exps = [e for e in exps if not e.on_demand]
     paths, failures = registry.record(exps, root=Path(args.out) if args.out else None, progress=not args.quiet)
     for p in paths:
         print(f"wrote {p}")
