@@ -4,9 +4,8 @@ import pytest
 
 from experiments.doctor.engine import Engine, EngineOutOfMemory
 from experiments.allocator.model import (
-    KiB, MiB, AllocatorConfig, allocation_size, compact_layout,
-    format_bytes, normalize_ops, parse_roundup_divisions, parse_size, pool_of, round_size,
-    should_split,
+    KiB, MiB, AllocatorConfig, compact_layout, format_bytes, get_allocation_size, get_pool,
+    normalize_ops, parse_roundup_divisions, parse_size, round_size, should_split,
 )
 from experiments.allocator.model import request_anatomy, simulate
 
@@ -59,8 +58,8 @@ def test_request_anatomy_matches_the_h200_table(request_bytes, block, pool, segm
 
 
 def test_rules_one_by_one():
-    assert [pool_of(round_size(n)) for n in (MiB, MiB + 1)] == ["small", "large"]
-    assert [allocation_size(round_size(n)) for n in (1, MiB + 1, 9 * MiB, 10 * MiB, 33 * MiB + 1)] == \
+    assert [get_pool(round_size(n)) for n in (MiB, MiB + 1)] == ["small", "large"]
+    assert [get_allocation_size(round_size(n)) for n in (1, MiB + 1, 9 * MiB, 10 * MiB, 33 * MiB + 1)] == \
         [2 * MiB, 20 * MiB, 20 * MiB, 10 * MiB, 34 * MiB]
     assert should_split(20 * MiB, 18 * MiB, "large") and not should_split(20 * MiB, 19 * MiB, "large")
     assert should_split(2 * MiB, 2 * MiB - 512, "small") and not should_split(1024, 1024, "small")

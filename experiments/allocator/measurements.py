@@ -136,14 +136,14 @@ def request_table() -> dict[str, Any]:
     source=POST_URL,
 )
 def _claim_rounding(data: Mapping[str, Any]) -> tuple[bool, dict[str, Any]]:
-    from .model import allocation_size, pool_of
+    from .model import get_allocation_size, get_pool
 
     bad_block, bad_segment = [], []
     for p in data["probes"]:
         n, rounded = p["request_bytes"], round_size(p["request_bytes"])
         if p["block_bytes"] % 512 or p["block_bytes"] < rounded or p["block_bytes"] != p["predicted"]["block_bytes"]:
             bad_block.append(n)
-        if p["segment_bytes"] != allocation_size(rounded) or p["pool"] != pool_of(rounded):
+        if p["segment_bytes"] != get_allocation_size(rounded) or p["pool"] != get_pool(rounded):
             bad_segment.append(n)
     n = len(data["probes"])
     return (not bad_block and not bad_segment and n > 0), {

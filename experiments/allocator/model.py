@@ -19,8 +19,8 @@ from ..core.units import GiB, KiB, MiB, format_bytes  # noqa: F401  (format_byte
 from ..doctor.engine import H200_TOTAL_MEMORY, Engine, EngineOutOfMemory
 from ..doctor.rules import (  # noqa: F401  (the chapter's API: the rules it teaches)
     DEFAULT, LARGE_BUFFER, MIN_BLOCK_SIZE, MIN_LARGE_ALLOC, ROUND_LARGE, ROUNDUP_INTERVALS, SMALL_BUFFER,
-    SMALL_SIZE, STATE_ALLOCATED, STATE_FREE, AllocatorConfig, allocation_size, page_size,
-    parse_roundup_divisions, pool_of, round_size, should_split,
+    SMALL_SIZE, STATE_ALLOCATED, STATE_FREE, AllocatorConfig, expandable_segment_size, get_allocation_size,
+    get_pool, parse_roundup_divisions, round_size, should_split,
 )
 
 # ----------------------------------------------------------------------------- operations
@@ -234,7 +234,7 @@ def request_anatomy(nbytes: int, config: AllocatorConfig = DEFAULT) -> dict[str,
     seg = engine.segments()[0]
     rounded = round_size(nbytes, config)
     return {
-        "request_bytes": nbytes, "rounded_bytes": rounded, "pool": pool_of(rounded),
+        "request_bytes": nbytes, "rounded_bytes": rounded, "pool": get_pool(rounded),
         "block_bytes": block.size, "segment_bytes": seg["total_size"],
         "remainder_bytes": seg["total_size"] - block.size, "split": len(seg["blocks"]) > 1,
     }

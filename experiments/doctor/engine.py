@@ -1,27 +1,33 @@
 """The caching allocator of one device with streams, private pools, a cap and expandable segments.
 
-This is the engine of the allocator doctor (:mod:`experiments.doctor`). It follows
-``c10/cuda/CUDACachingAllocator.cpp`` (torch 2.11) as written down in RULES.md:
+This is the engine of the allocator doctor (:mod:`experiments.doctor`). It mirrors the class
+``DeviceCachingAllocator`` of ``c10/cuda/CUDACachingAllocator.cpp`` (torch 2.11): each rule
+is one method named after the C++ function it follows (``malloc``, ``get_free_block``,
+``alloc_block``, ``alloc_found_block``, ``free_block``, ``try_merge_blocks``,
+``insert_events`` / ``synchronize_and_free_events``, ``garbage_collect_cached_blocks``,
+``release_available_cached_blocks``, ``release_cached_blocks`` / ``release_blocks`` /
+``release_block``, and for expandable segments ``find_expandable_block``,
+``try_allocate_expandable_block``, ``map_block``, ``unmap_block``), written down in the rules
+file RULES.md (sections §A-§D cited below). The size rules (``round_size``,
+``get_allocation_size``, ``get_pool``, ``should_split``, the expandable page and range) are
+pure functions of :mod:`experiments.doctor.rules`; the engine calls them and has no copy.
 
 * a block belongs to the stream it was allocated on; free blocks are kept per (pool, stream)
   in lists sorted by (size, address), so best fit is one ``bisect`` (§A.6, §B.1);
-* a free is two steps, ``free_requested`` (allocated bytes drop) and ``free_completed`` (the
-  block goes back to its pool and merges), because ``record_stream`` keeps a freed block out
-  of the pool until its events complete (§A.8, §B);
-* private pools (``torch.cuda.MemPool``, CUDA-graph pools) have their own segments, are used
-  only by the requests routed to them, and give memory back only when released (§D);
+* a free is two steps, ``free_requested`` (allocated bytes drop; with ``record_stream``
+  uses the block waits on events, ``insert_events``) and ``free_completed`` (the events are
+  done: ``free_block`` returns it to its pool, merged), §A.8, §B;
+* private pools (``torch.cuda.MemPool``, CUDA-graph pools) have their own segments and are
+  used only by the requests routed to them; they give memory back only once freeable (no
+  graph or MemPool holds them), §D;
 * a memory cap (``set_per_process_memory_fraction``) makes ``alloc_block`` fail, after which
-  the OOM path runs: ``garbage_collection_threshold`` (with a cap), release of oversize
-  cached blocks (``max_split_size_mb``), release of every cached segment and a retry, then
-  out of memory (§A.5, §A.9, §A.10);
-* with expandable segments each (pool, stream) maps pages into a virtual range of
-  ``ceil(1.125 × device memory / page)`` pages, and a new range opens when a request does not
-  fit in the existing ones (§C; ``ExpandableSegment`` in the torch source).
+  the out-of-memory path runs (§A.5, §A.9, §A.10);
+* with expandable segments each (pool, stream) maps pages into a virtual range (§C).
 
-Sizes, rounding and the settings parser come from :mod:`experiments.doctor.rules`.
 Segment addresses are the driver's choice: give the engine the addresses a trace recorded
-(``addresses``) to reproduce a run block for block; otherwise a top-down first-fit address
-space stands in for the driver. Sizes are in bytes.
+(``addresses`` or ``address_hook``) to reproduce a run block for block; otherwise a top-down
+first-fit address space stands in for the driver, and :attr:`Engine.address_ties` counts the
+decisions that then depended on an address the driver did not give. Sizes are in bytes.
 """
 from __future__ import annotations
 
@@ -31,10 +37,12 @@ from typing import Any, Callable, Iterable
 
 from ..core.units import format_bytes
 from .rules import (DEFAULT, LARGE_BUFFER, MIN_BLOCK_SIZE, SMALL_BUFFER, SMALL_SIZE, AllocatorConfig,
-                    allocation_size, round_size)
+                    expandable_range_size, expandable_segment_size, get_allocation_size, round_size,
+                    should_split)
 
 H200_TOTAL_MEMORY = 150_109_880_320   # totalGlobalMem of the lab H200 (RULES.md §I)
 DEFAULT_POOL = (0, 0)
+_NO_LIMIT = 1 << 62
 
 
 class EngineOutOfMemory(RuntimeError):
@@ -63,18 +71,21 @@ class Block:
 
 
 class Segment:
-    """One cudaMalloc result, or one expandable virtual range, of one (pool, stream)."""
+    """One cudaMalloc result, or one expandable virtual range, of one (pool, stream).
+    ``synthetic``: its address is the engine's choice, not the driver's."""
 
-    __slots__ = ("addr", "size", "stream", "pool_id", "small", "expandable", "head")
+    __slots__ = ("addr", "size", "stream", "pool_id", "small", "expandable", "head", "synthetic")
 
     def __init__(self, addr: int, size: int, stream: int, pool_id: tuple[int, int], small: bool, expandable: bool):
         self.addr, self.size, self.stream, self.pool_id = addr, size, stream, pool_id
         self.small, self.expandable = small, expandable
         self.head: Block | None = None
+        self.synthetic = False
 
 
 class _FreeList:
-    """Free blocks of one (pool id, small/large, stream), sorted by (size, address)."""
+    """Free blocks of one (pool id, small/large, stream), sorted by (size, address): C++'s
+    ``BlockPool::blocks`` restricted to one stream (its comparator orders by stream first)."""
 
     __slots__ = ("keys", "blocks", "unmapped")
 
@@ -90,30 +101,39 @@ class _FreeList:
     def remove(self, b: Block) -> None:
         keys = self.keys
         i = bisect_left(keys, (b.size, b.addr))
+        if i == len(keys) or keys[i][1] != b.addr or self.blocks.get(b.addr) is not b:
+            raise AssertionError(f"block at {b.addr:#x} ({b.size} B) is not in its free list")
         del keys[i]
         del self.blocks[b.addr]
 
 
 class _AddressSpace:
-    """Top-down first fit over [2^48, 2^49): where a run without the driver's addresses puts segments."""
+    """First fit over [2^48, 2^49), top down (as the driver mostly hands out addresses, RULES.md
+    §I.3) or bottom up: where a run without the driver's addresses puts segments."""
 
-    def __init__(self) -> None:
+    def __init__(self, top_down: bool = True) -> None:
         # above every user-space address a driver hands out, so it never meets a recorded one
         self.free = [(1 << 48, 1 << 49)]  # (start, end), sorted by start
+        self.top_down = top_down
 
     def take(self, size: int) -> int:
         size = -(-size // SMALL_BUFFER) * SMALL_BUFFER
-        for i in range(len(self.free) - 1, -1, -1):
+        order = range(len(self.free) - 1, -1, -1) if self.top_down else range(len(self.free))
+        for i in order:
             start, end = self.free[i]
             if end - start >= size:
                 if end - start == size:
                     del self.free[i]
-                else:
+                elif self.top_down:
                     self.free[i] = (start, end - size)
-                return end - size
+                else:
+                    self.free[i] = (start + size, end)
+                return end - size if self.top_down else start
         raise RuntimeError("the modelled address space is exhausted")
 
     def give(self, addr: int, size: int) -> None:
+        if not (1 << 48) <= addr < (1 << 49):
+            return                      # a driver's address: never ours to hand out
         size = -(-size // SMALL_BUFFER) * SMALL_BUFFER
         i = bisect_left(self.free, (addr, addr))
         self.free.insert(i, (addr, addr + size))
@@ -126,7 +146,7 @@ class _AddressSpace:
 
 
 class Engine:
-    """The caching allocator of one device.
+    """The caching allocator of one device (C++ ``DeviceCachingAllocator``).
 
     Args:
         config: allocator settings (:class:`experiments.doctor.rules.AllocatorConfig`).
@@ -136,20 +156,29 @@ class Engine:
         addresses: segment base addresses to use in order (a trace's segment_alloc
             addresses, or for expandable segments the bases of new ranges); when they run
             out the engine picks its own.
+        address_order: 'down' (top-down first fit, the default) or 'up' for the addresses
+            the engine picks itself.
 
     Attributes:
         allocated_bytes, reserved_bytes, active_bytes: the ``memory_stats`` counters.
-        num_alloc_retries, num_ooms: counters of the OOM path.
+        num_alloc_retries, num_ooms, num_sync_all_streams: counters of the OOM path.
         events: the segment events of the last operation, as (action, addr, size) with action
             in segment_alloc, segment_free, segment_map, segment_unmap.
+        freeable: private pool ids that no graph or MemPool holds any more (C++
+            ``graph_pools_freeable``): ``release_cached_blocks`` gives their memory back.
+        address_ties: best-fit decisions between equal-size blocks of different segments
+            where one segment's address was the engine's choice (the driver's could have
+            ordered them the other way).
     """
 
     def __init__(self, config: AllocatorConfig = DEFAULT, *, cap_bytes: int | None = None,
-                 total_memory: int = H200_TOTAL_MEMORY, addresses: Iterable[int] = ()):
+                 total_memory: int = H200_TOTAL_MEMORY, addresses: Iterable[int] = (), address_order: str = "down"):
         if cap_bytes is not None and (isinstance(cap_bytes, bool) or not isinstance(cap_bytes, int) or cap_bytes < 0):
             raise ValueError(f"cap_bytes must be a whole number of bytes >= 0 or None, got {cap_bytes!r}")
         if isinstance(total_memory, bool) or not isinstance(total_memory, int) or total_memory <= 0:
             raise ValueError(f"total_memory must be a positive number of bytes, got {total_memory!r}")
+        if address_order not in ("down", "up"):
+            raise ValueError(f"address_order must be 'down' or 'up', got {address_order!r}")
         self.config = config
         self.cap_bytes = cap_bytes
         self.total_memory = total_memory
@@ -158,26 +187,31 @@ class Engine:
         self.active_bytes = 0
         self.num_alloc_retries = 0
         self.num_ooms = 0
+        self.num_sync_all_streams = 0
+        self.address_ties = 0
         self.events: list[tuple[str, int, int]] = []
+        self.freeable: set[tuple[int, int]] = set()
         self._free: dict[tuple[tuple[int, int], bool, int], _FreeList] = {}
         self._segments: dict[int, Segment] = {}         # by base address
         self._ranges: dict[tuple[tuple[int, int], bool, int], list[Segment]] = {}
+        self._pending: dict[Block, None] = {}           # freed, waiting on record_stream events
         self._addresses = deque(addresses)
-        self._space = _AddressSpace()
+        self._space = _AddressSpace(address_order == "down")
         self._gc_calls = 0                              # get_free_block calls on the default large pool
         self._round: dict[int, int] = {}
-        self._large_page = config.large_segment_size
         # get_free_block counts its calls (the age of cached blocks) only for the GC (§A.9)
         self._gc_counting = cap_bytes is not None and config.garbage_collection_threshold > 0
-        self._split_limit = config.max_split_size if config.max_split_size is not None else 1 << 62
-        self._split_limit_none = config.max_split_size is None
+        self._split_limit = config.max_split_size if config.max_split_size is not None else _NO_LIMIT
+        self._plain = config.max_split_size is None and not config.expandable_segments
+        self._expandable = config.expandable_segments
         # Called with the size of each new segment or range for its base; None lets the engine choose.
         self.address_hook: Callable[[int], int | None] | None = None
 
     # ------------------------------------------------------------------ public operations
 
     def round(self, nbytes: int) -> int:
-        """``round_size`` under this engine's settings (cached: traces repeat sizes)."""
+        """:func:`~experiments.doctor.rules.round_size` under this engine's settings (cached:
+        traces repeat sizes)."""
         r = self._round.get(nbytes)
         if r is None:
             r = self._round[nbytes] = round_size(nbytes, self.config)
@@ -185,6 +219,12 @@ class Engine:
 
     def malloc(self, nbytes: int, stream: int = 0, pool_id: tuple[int, int] = DEFAULT_POOL) -> Block:
         """Serve ``nbytes`` on ``stream`` from pool ``pool_id``; return the block.
+
+        C++ ``DeviceCachingAllocator::malloc`` (RULES.md §A.5): round, pick the pool, best fit
+        (``get_free_block``); else garbage collection, a new segment (``alloc_block``), the
+        release of oversize cached blocks and of every cached block with a retry; then the
+        split (``should_split``, ``alloc_found_block``). ``process_events`` is the caller's:
+        a trace says when each record_stream free completed (``free_completed``).
 
         Raises:
             EngineOutOfMemory: the request does not fit (the engine state then shows the
@@ -199,92 +239,42 @@ class Engine:
         fl = self._free.get((pool_id, small, stream))
         if fl is None:
             fl = self._list(pool_id, small, stream)
-        if self._gc_counting and pool_id == DEFAULT_POOL and not small:
+        if self._gc_counting and not small and pool_id == DEFAULT_POOL:
             self._gc_calls += 1
-        block = self._peek(fl, size)
-        if block is not None:
+        block = self.get_free_block(fl, size)
+        if block is None:
+            block = self._malloc_slow(nbytes, size, small, stream, pool_id, fl)
+        else:
             fl.remove(block)
-        else:
-            block = self._alloc_path(nbytes, size, small, stream, pool_id, fl)
-        remaining = block.size - size
-        if small or block.seg.expandable:
-            split = remaining >= MIN_BLOCK_SIZE
-        else:
-            split = remaining > SMALL_SIZE and size < self._split_limit
-        if split:
-            rest = Block(block.addr + size, remaining, block.seg, block, block.next)
-            rest.requested = block.requested       # the remainder keeps the old block's bookkeeping
-            if block.next is not None:
-                block.next.prev = rest
-            block.next = rest
-            block.size = size
-            self._insert_free(fl, rest)
-        block.allocated = True
-        block.requested = nbytes
-        self.allocated_bytes += block.size
-        self.active_bytes += block.size
-        return block
-
-    def would_fail_alloc_block(self, nbytes: int, stream: int = 0, pool_id: tuple[int, int] = DEFAULT_POOL) -> bool:
-        """Whether ``malloc`` would find no cached block and then hit the cap (no state change)."""
-        size = self.round(nbytes)
-        small = size <= SMALL_SIZE
-        fl = self._free.get((pool_id, small, stream))
-        if fl is not None and self._peek(fl, size) is not None:
-            return False
-        if self.cap_bytes is None:
-            return False
-        return self.reserved_bytes + allocation_size(size, self.config) > self.cap_bytes
-
-    def has_free_block(self, nbytes: int, stream: int = 0, pool_id: tuple[int, int] = DEFAULT_POOL) -> bool:
-        """Whether a cached block of ``pool_id`` and ``stream`` would serve ``nbytes``."""
-        size = self.round(nbytes)
-        fl = self._free.get((pool_id, size <= SMALL_SIZE, stream))
-        return fl is not None and self._peek(fl, size) is not None
+        return self.alloc_found_block(block, size, nbytes, fl)
 
     def free_requested(self, block: Block) -> None:
-        """The tensor died: its bytes leave ``allocated`` now; the block stays active until
-        :meth:`free_completed` (at once, or when its ``record_stream`` events complete)."""
+        """The tensor died (C++ ``free``, RULES.md §A.8): its bytes leave ``allocated`` now. The
+        block stays active and out of its pool until :meth:`free_completed`: at once when it
+        was used on no other stream, else when its ``record_stream`` events complete
+        (``insert_events``)."""
         if not block.allocated:
             raise ValueError(f"block at {block.addr:#x} is not allocated")
         block.allocated = False
         self.allocated_bytes -= block.size
+        self._pending[block] = None
+
+    def is_pending(self, block: Block) -> bool:
+        """Whether ``block`` was freed and still waits for :meth:`free_completed`."""
+        return block in self._pending
 
     def free_completed(self, block: Block) -> None:
-        """Return a freed block to its pool, merging it with free neighbours (§A.8)."""
+        """The block's events are done (``process_events``, or a sync): ``free_block``."""
         if self.events:
             self.events = []
-        self.active_bytes -= block.size
-        seg = block.seg
-        self._merge_insert(self._free[(seg.pool_id, seg.small, seg.stream)], block)
+        del self._pending[block]
+        self.free_block(block)
 
-    def _merge_insert(self, fl: _FreeList, block: Block) -> None:
-        # Absorb free mapped neighbours of the same segment (blocks waiting on events are not
-        # in the free list, so they stay apart), then cache the result (§A.8 try_merge_blocks).
-        prev, nxt = block.prev, block.next
-        if prev is not None and not prev.allocated and prev.mapped and prev.addr in fl.blocks:
-            fl.remove(prev)
-            block.addr, block.size = prev.addr, block.size + prev.size
-            block.prev = prev.prev
-            if prev.prev is not None:
-                prev.prev.next = block
-            else:
-                block.seg.head = block
-        if nxt is not None and not nxt.allocated and nxt.mapped and nxt.addr in fl.blocks:
-            fl.remove(nxt)
-            block.size += nxt.size
-            block.next = nxt.next
-            if nxt.next is not None:
-                nxt.next.prev = block
-        self._insert_free(fl, block)
-
-    def empty_cache(self, pools: Iterable[tuple[int, int]] | None = None) -> None:
-        """Release every whole free segment (whole free pages with expandable segments) of the
-        pools in ``pools`` (ids; all pools when None). ``torch.cuda.empty_cache()`` releases the
-        default pools and every private pool no graph or MemPool holds any more; deleting a
-        MemPool releases that pool's (RULES.md §A.9, §D)."""
+    def empty_cache(self, pool_id: tuple[int, int] = DEFAULT_POOL) -> None:
+        """``torch.cuda.empty_cache()`` (C++ ``emptyCache``), or with a private ``pool_id`` the
+        release a deleted MemPool makes of its own pool: :meth:`release_cached_blocks`."""
         self.events = []
-        self._release_cached(None if pools is None else set(pools))
+        self.release_cached_blocks(pool_id)
 
     def pool_ids(self) -> set[tuple[int, int]]:
         """Every pool id that owns segments now."""
@@ -309,37 +299,44 @@ class Engine:
                 out.append(self._seg_dict(seg, run))
         return out
 
-    # ------------------------------------------------------------------ internals
+    def is_free_range(self, addr: int, size: int) -> bool:
+        """Whether [addr, addr + size) overlaps none of this engine's segments or ranges."""
+        return all(addr + size <= s.addr or s.addr + s.size <= addr for s in self._segments.values())
 
-    def _list(self, pool_id: tuple[int, int], small: bool, stream: int) -> _FreeList:
-        key = (pool_id, small, stream)
-        fl = self._free.get(key)
-        if fl is None:
-            fl = self._free[key] = _FreeList()
-        return fl
+    def range_size(self, small: bool) -> int:
+        """Virtual range of one expandable segment (:func:`~experiments.doctor.rules.expandable_range_size`)."""
+        return expandable_range_size(small, self.total_memory, self.config)
 
-    def _insert_free(self, fl: _FreeList, b: Block) -> None:
-        b.gc_base = self._gc_calls
-        fl.add(b)
+    # ------------------------------------------------------------------ malloc's steps
 
-    def _peek(self, fl: _FreeList, size: int) -> Block | None:
+    def get_free_block(self, fl: _FreeList, size: int) -> Block | None:
+        """The cached block best fitting ``size`` in one (pool, stream), or None (no change).
+
+        C++ ``get_free_block`` (RULES.md §A.6, §C.2): the smallest free block of the stream that
+        is large enough, ties to the lowest address; with expandable segments, a larger one
+        whose "expandable size" (its size plus the unmapped block after it) is smaller is
+        preferred; expandable blocks are skipped while the setting is off (§A.13). Oversize
+        rules with ``max_split_size``: a request below it never takes a block at or above it;
+        a request at or above it takes a block only under ``request + max_non_split_rounding``
+        (a fixed 20 MiB before torch 2.6, §A.6). Only the first candidate is looked at.
+        """
         keys = fl.keys
         i = bisect_left(keys, (size, 0))
         if i == len(keys):
             return None
         b = fl.blocks[keys[i][1]]
-        if self._split_limit_none and not b.seg.expandable:
-            return b
+        if self._plain and not b.seg.expandable:
+            if i + 1 == len(keys) or keys[i + 1][0] != b.size:
+                return b
+            return self._tie(fl, i, b)
         if b.seg.expandable:
-            if not self.config.expandable_segments:
-                # Expandable blocks are skipped when the setting is off (RULES.md §A.13).
+            if not self._expandable:
                 while i < len(keys) and fl.blocks[keys[i][1]].seg.expandable:
                     i += 1
                 if i == len(keys):
                     return None
                 b = fl.blocks[keys[i][1]]
             else:
-                # Prefer a block whose "expandable size" is smaller, keeping the growing end free.
                 def exp_size(x: Block) -> int:
                     n = x.next
                     return x.size + (n.size if n is not None and not n.mapped else 0)
@@ -355,56 +352,307 @@ class Engine:
                 return None
             if size >= limit and b.size >= size + self.config.max_non_split_rounding:
                 return None
+        if i + 1 < len(keys) and keys[i + 1][0] == b.size:
+            return self._tie(fl, i, b)
         return b
 
-    def _alloc_path(self, nbytes: int, size: int, small: bool, stream: int, pool_id: tuple[int, int],
-                    fl: _FreeList) -> Block:
-        cfg = self.config
-        alloc = allocation_size(size, cfg)
-        if self.cap_bytes is not None and cfg.garbage_collection_threshold > 0:
-            self._garbage_collect()
-        block = self._alloc_block(size, alloc, small, stream, pool_id)
-        if block is None and self._release_available(fl, size):
-            block = self._alloc_block(size, alloc, small, stream, pool_id)
+    def _tie(self, fl: _FreeList, i: int, b: Block) -> Block:
+        # Equal sizes go by address: count the choice if the driver might have ordered the
+        # segments the other way (one of them has an address of the engine's).
+        keys = fl.keys
+        j = i + 1
+        while j < len(keys) and keys[j][0] == b.size:
+            nb = fl.blocks[keys[j][1]]
+            if nb.seg is not b.seg and (nb.seg.synthetic or b.seg.synthetic):
+                self.address_ties += 1
+                break
+            j += 1
+        return b
+
+    def _malloc_slow(self, nbytes: int, size: int, small: bool, stream: int, pool_id: tuple[int, int],
+                     fl: _FreeList) -> Block:
+        # malloc when no cached block fits: §A.5 step 4 (try_mempool_fallback serves only
+        # MemPools made with use_on_oom, which the doctor does not model).
+        alloc = get_allocation_size(size, self.config)
+        if self._gc_counting:
+            self.garbage_collect_cached_blocks()
+        block = self.alloc_block(size, alloc, small, stream, pool_id)
+        if block is None and self.release_available_cached_blocks(fl, size):
+            block = self.alloc_block(size, alloc, small, stream, pool_id)
         if block is None:
-            self._release_cached(None)
+            self.release_cached_blocks(DEFAULT_POOL)
             self.num_alloc_retries += 1
-            block = self._alloc_block(size, alloc, small, stream, pool_id)
+            block = self.alloc_block(size, alloc, small, stream, pool_id)
         if block is None:
             self.num_ooms += 1
             raise EngineOutOfMemory(nbytes, size, alloc, self.allocated_bytes, self.reserved_bytes)
         return block
 
-    def is_free_range(self, addr: int, size: int) -> bool:
-        """Whether [addr, addr + size) overlaps none of this engine's segments or ranges."""
-        return all(addr + size <= s.addr or s.addr + s.size <= addr for s in self._segments.values())
+    def alloc_found_block(self, block: Block, size: int, nbytes: int, fl: _FreeList) -> Block:
+        """Hand ``block`` out for a request of ``nbytes`` (rounded ``size``), splitting off the
+        remainder when :func:`~experiments.doctor.rules.should_split` says so: the allocation
+        takes the low end, the remainder stays free in the same pool (C++ ``alloc_found_block``,
+        RULES.md §A.7)."""
+        remaining = block.size - size
+        if should_split(block.size, size, "small" if block.seg.small else "large", self.config):
+            rest = Block(block.addr + size, remaining, block.seg, block, block.next)
+            if block.next is not None:
+                block.next.prev = rest
+            block.next = rest
+            block.size = size
+            rest.gc_base = self._gc_calls
+            fl.add(rest)
+        block.allocated = True
+        block.requested = nbytes
+        self.allocated_bytes += block.size
+        self.active_bytes += block.size
+        return block
 
-    def _next_address(self, size: int) -> int:
-        if self.address_hook is not None:
-            addr = self.address_hook(size)
-            if addr is not None:
-                return addr
-        if self._addresses:
-            return self._addresses.popleft()
-        addr = self._space.take(size)
-        while self.address_hook is not None and not self.is_free_range(addr, size):
-            addr = self._space.take(size)   # taken by a segment at a recorded address: skip it
-        return addr
+    def checkpointed_block(self, addr: int, nbytes: int, stream: int, pool_id: tuple[int, int]) -> Block | None:
+        """The free block at ``addr`` of a private pool, if a pool checkpoint could put a block of
+        ``nbytes`` there and best fit would not (no change)."""
+        size = self.round(nbytes)
+        if pool_id == DEFAULT_POOL or size != nbytes:
+            return None
+        fl, b = self._block_at(addr, size, stream, pool_id)
+        if b is None or (b.seg.small == (size <= SMALL_SIZE) and self.get_free_block(fl, size) is b):
+            return None
+        return b
 
-    def _alloc_block(self, size: int, alloc: int, small: bool, stream: int, pool_id: tuple[int, int]) -> Block | None:
+    def _block_at(self, addr: int, size: int, stream: int, pool_id: tuple[int, int]) -> tuple[Any, Block | None]:
+        # a checkpoint restores blocks in the pool half of their segment: a whole 2 MiB block of
+        # a small-pool segment is "large" by size
+        for small in (size <= SMALL_SIZE, size > SMALL_SIZE):
+            fl = self._free.get((pool_id, small, stream))
+            b = fl.blocks.get(addr) if fl is not None else None
+            if b is not None and b.size >= size:
+                return fl, b
+        return None, None
+
+    def alloc_checkpointed_block(self, addr: int, nbytes: int, stream: int, pool_id: tuple[int, int]) -> Block:
+        """Allocate the block a private pool's checkpoint holds at ``addr`` (CUDA-graph trees of
+        ``torch.compile(mode="reduce-overhead")`` restore a pool before recording a new graph):
+        the free block there is taken whatever best fit says and split when larger (C++
+        ``setSegmentStateToCheckpoint``, which calls ``alloc_found_block`` with ``split = block
+        size > checkpointed size``; RULES.md §D.2).
+
+        Raises:
+            ValueError: no free block of that pool and stream starts at ``addr`` with room.
+        """
+        if self.events:
+            self.events = []
+        size = self.round(nbytes)
+        fl, b = self._block_at(addr, size, stream, pool_id)
+        if b is None:
+            raise ValueError(f"no free block of pool {pool_id} on stream {stream} at {addr:#x} for {size} bytes")
+        fl.remove(b)
+        if b.size > size:
+            rest = Block(b.addr + size, b.size - size, b.seg, b, b.next)
+            if b.next is not None:
+                b.next.prev = rest
+            b.next = rest
+            b.size = size
+            rest.gc_base = self._gc_calls
+            fl.add(rest)
+        b.allocated = True
+        b.requested = nbytes
+        self.allocated_bytes += b.size
+        self.active_bytes += b.size
+        return b
+
+    def alloc_block(self, size: int, alloc: int, small: bool, stream: int, pool_id: tuple[int, int]) -> Block | None:
+        """A new segment of ``alloc`` bytes (``cudaMalloc``), or with expandable segments pages
+        mapped for ``size`` (``try_allocate_expandable_block``); None when the cap refuses it.
+
+        C++ ``alloc_block`` (RULES.md §A.5, §A.11): the cap check compares reserved bytes plus
+        ``get_allocation_size`` with the cap, also for expandable segments (whose mapping
+        ignores that size, §C.2). The block is returned out of the free lists."""
         if self.cap_bytes is not None and self.reserved_bytes + alloc > self.cap_bytes:
             return None
-        if self.config.expandable_segments:
-            return self._alloc_expandable(size, small, stream, pool_id)
+        if self._expandable:
+            return self.try_allocate_expandable_block(size, small, stream, pool_id)
         addr = self._next_address(alloc)
         seg = Segment(addr, alloc, stream, pool_id, small, False)
+        seg.synthetic = self._synthetic
         seg.head = Block(addr, alloc, seg)
         self._segments[addr] = seg
         self.reserved_bytes += alloc
         self.events.append(("segment_alloc", addr, alloc))
         return seg.head
 
-    def _release_segment(self, fl: _FreeList, b: Block) -> None:
+    # ------------------------------------------------------------------ free
+
+    def free_block(self, block: Block) -> None:
+        """Return a freed block to its pool, merged with its free neighbours (C++ ``free_block``,
+        RULES.md §A.8); its age for the garbage collector starts now (``insert_into_blocks``)."""
+        self.active_bytes -= block.size
+        seg = block.seg
+        self.try_merge_blocks(self._free[(seg.pool_id, seg.small, seg.stream)], block)
+
+    def try_merge_blocks(self, fl: _FreeList, block: Block) -> None:
+        """Absorb the free neighbours of ``block`` (same segment, both mapped or both not, not
+        waiting on events: those are out of the free list) and cache the result (C++
+        ``try_merge_blocks`` on prev and next, then ``insert_into_blocks``)."""
+        prev, nxt = block.prev, block.next
+        if prev is not None and prev.mapped and fl.blocks.get(prev.addr) is prev:
+            fl.remove(prev)
+            block.addr, block.size = prev.addr, block.size + prev.size
+            block.prev = prev.prev
+            if prev.prev is not None:
+                prev.prev.next = block
+            else:
+                block.seg.head = block
+        if nxt is not None and nxt.mapped and fl.blocks.get(nxt.addr) is nxt:
+            fl.remove(nxt)
+            block.size += nxt.size
+            block.next = nxt.next
+            if nxt.next is not None:
+                nxt.next.prev = block
+        block.gc_base = self._gc_calls
+        fl.add(block)
+
+    def synchronize_and_free_events(self, pool_id: tuple[int, int] | None = None) -> None:
+        """Wait for every outstanding ``record_stream`` event (of one private pool's blocks, when
+        given) and free those blocks (C++ ``synchronize_and_free_events``, RULES.md §B.1): in
+        ``empty_cache`` and before the out-of-memory retry."""
+        self.num_sync_all_streams += 1
+        for block in list(self._pending):
+            if block.allocated or (pool_id is not None and block.seg.pool_id != pool_id):
+                continue
+            del self._pending[block]
+            self.free_block(block)
+
+    # ------------------------------------------------------------------ giving memory back
+
+    def garbage_collect_plan(self) -> list[Block]:
+        """The cached blocks :meth:`garbage_collect_cached_blocks` would release now, in order
+        (no change; the replay uses it to tell the collector's releases from an empty_cache)."""
+        cap = self.cap_bytes
+        if cap is None or not self.config.garbage_collection_threshold:
+            return []
+        threshold = int(self.config.garbage_collection_threshold * cap)
+        if self.reserved_bytes <= threshold:
+            return []
+        target = self.reserved_bytes - threshold
+        # C++ iterates large_blocks.blocks, ordered by (stream, size, address)
+        cands = sorted((b for (pid, small, _), fl in self._free.items() if pid == DEFAULT_POOL and not small
+                        for b in fl.blocks.values() if b.prev is None and b.next is None),
+                       key=lambda b: (b.seg.stream, b.size, b.addr))
+        calls = self._gc_calls
+        total_age = sum(calls - b.gc_base for b in cands)
+        count = len(cands)
+        out: list[Block] = []
+        reclaimed, freed = 0, True
+        while reclaimed < target and freed and count > 0:
+            avg = total_age / count
+            freed = False
+            for b in cands:
+                age = calls - b.gc_base
+                if not b.seg.expandable and age >= avg:
+                    freed = True
+                    reclaimed += b.size
+                    total_age -= age
+                    count -= 1
+                    out.append(b)
+            cands = [b for b in cands if b not in out]
+        return out
+
+    def garbage_collect_cached_blocks(self) -> None:
+        """With a cap and ``garbage_collection_threshold``, before a new segment: while reserved
+        bytes are above threshold × cap, release whole cached blocks of the default large pool
+        whose age (``get_free_block`` calls on that pool since the block was cached) is at
+        least the average, round after round (C++ ``garbage_collect_cached_blocks``, RULES.md
+        §A.9). Counting calls against a base stored at insertion is torch 2.5's form; older
+        releases incremented every cached block's count on each call (the same ages)."""
+        for b in self.garbage_collect_plan():
+            self.release_block(self._free[(b.seg.pool_id, b.seg.small, b.seg.stream)], b)
+
+    def release_available_plan(self, fl: _FreeList, size: int) -> tuple[list[Block], bool]:
+        """(blocks :meth:`release_available_cached_blocks` would release, whether it succeeds);
+        no change."""
+        limit = self.config.max_split_size
+        if limit is None:
+            return [], False
+        key = max(size, limit)
+        keys = fl.keys
+        i = bisect_left(keys, (key, 0))
+        if i < len(keys) and not fl.blocks[keys[i][1]].seg.expandable:
+            b = fl.blocks[keys[i][1]]
+            # C++ releases it even when split (a cudaFree of part of a segment would fail)
+            return ([b], True) if b.prev is None and b.next is None else ([], False)
+        out, released = [], 0
+        for j in range(i - 1, -1, -1):
+            b = fl.blocks[keys[j][1]]
+            if released >= key or b.size < limit:
+                break
+            if not b.seg.expandable and b.prev is None and b.next is None:
+                released += b.size
+                out.append(b)
+        return out, released >= key
+
+    def release_available_cached_blocks(self, fl: _FreeList, size: int) -> bool:
+        """With ``max_split_size_mb``, after a refused segment: release the smallest whole cached
+        block of the stream at least max(request, max_split_size), else the largest oversize
+        ones until that much is released (C++ ``release_available_cached_blocks``, RULES.md
+        §A.9); True when enough was released. Blocks released stay released."""
+        out, ok = self.release_available_plan(fl, size)
+        for b in out:
+            self.release_block(fl, b)
+        return ok
+
+    def release_cached_plan(self, pool_id: tuple[int, int] = DEFAULT_POOL) -> list[Block]:
+        """The free blocks :meth:`release_cached_blocks` would give back (whole segments, and
+        expandable blocks holding at least one whole page); no change, pending frees ignored."""
+        out = []
+        for fl in self._lists_to_release(pool_id):
+            for b in fl.blocks.values():
+                if b.seg.expandable:
+                    page = self.page(b.seg.small)
+                    off = b.addr - b.seg.addr
+                    if (off + b.size) // page > -(-off // page):
+                        out.append(b)
+                elif b.prev is None and b.next is None:
+                    out.append(b)
+        return out
+
+    def release_cached_blocks(self, pool_id: tuple[int, int] = DEFAULT_POOL) -> None:
+        """Give cached memory back (C++ ``release_cached_blocks``, RULES.md §A.9, §D): for the
+        default id (``empty_cache()``, the out-of-memory retry) wait for every pending event,
+        release the default pools (large, then small), then every freeable private pool; for
+        a private id (a deleted MemPool) only that pool, once freeable, after its own events."""
+        if pool_id == DEFAULT_POOL:
+            self.synchronize_and_free_events()
+        elif pool_id in self.freeable:
+            self.synchronize_and_free_events(pool_id)
+        for fl in self._lists_to_release(pool_id):
+            self.release_blocks(fl)
+
+    def _lists_to_release(self, pool_id: tuple[int, int]) -> list[_FreeList]:
+        if pool_id == DEFAULT_POOL:
+            order = [(DEFAULT_POOL, False), (DEFAULT_POOL, True)] + \
+                    [(p, small) for p in sorted(self.freeable) for small in (True, False)]
+        elif pool_id in self.freeable:
+            order = [(pool_id, True), (pool_id, False)]
+        else:
+            return []
+        by = {}
+        for (pid, small, stream), fl in self._free.items():
+            by.setdefault((pid, small), []).append((stream, fl))
+        return [fl for k in order for _, fl in sorted(by.get(k, ()), key=lambda x: x[0])]
+
+    def release_blocks(self, fl: _FreeList) -> None:
+        """Release every whole free segment of one (pool, stream) and unmap the whole pages of
+        its free expandable blocks (C++ ``release_blocks``)."""
+        for b in sorted(fl.blocks.values(), key=lambda b: (b.size, b.addr)):
+            if fl.blocks.get(b.addr) is not b:
+                continue
+            if b.seg.expandable:
+                self.unmap_block(fl, b)
+            elif b.prev is None and b.next is None:
+                self.release_block(fl, b)
+
+    def release_block(self, fl: _FreeList, b: Block) -> None:
+        """``cudaFree`` of a whole cached segment (C++ ``release_block``)."""
         fl.remove(b)
         seg = b.seg
         del self._segments[seg.addr]
@@ -412,115 +660,62 @@ class Engine:
         self.reserved_bytes -= b.size
         self.events.append(("segment_free", seg.addr, seg.size))
 
-    def _release_cached(self, pools: set[tuple[int, int]] | None) -> None:
-        for (pid, small, stream), fl in sorted(self._free.items(), key=lambda kv: (kv[0][1], kv[0][0], kv[0][2])):
-            if pools is not None and pid not in pools:
-                continue
-            for key in list(fl.keys):
-                b = fl.blocks.get(key[1])
-                if b is None or b.size != key[0]:
-                    continue
-                if b.seg.expandable:
-                    self._unmap(fl, b)
-                elif b.prev is None and b.next is None:
-                    self._release_segment(fl, b)
-
-    def _release_available(self, fl: _FreeList, size: int) -> bool:
-        limit = self.config.max_split_size
-        if limit is None:
-            return False
-        key = max(size, limit)
-        whole = [fl.blocks[a] for s, a in fl.keys if not fl.blocks[a].seg.expandable]
-        fitting = [b for b in whole if b.size >= key]
-        if fitting:
-            b = fitting[0]
-            if b.prev is not None or b.next is not None:
-                return False
-            self._release_segment(fl, b)
-            return True
-        released = 0
-        for b in reversed(whole):
-            if released >= key or b.size < limit:
-                break
-            if b.prev is None and b.next is None:
-                released += b.size
-                self._release_segment(fl, b)
-        return released >= key
-
-    def _garbage_collect(self) -> None:
-        cap = self.cap_bytes or 0
-        threshold = int(self.config.garbage_collection_threshold * cap)
-        if self.reserved_bytes <= threshold:
-            return
-        target = self.reserved_bytes - threshold
-        lists = [fl for (pid, small, _), fl in self._free.items() if pid == DEFAULT_POOL and not small]
-        cands = [(fl, fl.blocks[a]) for fl in lists for _, a in fl.keys]
-        cands = [(fl, b) for fl, b in cands if b.prev is None and b.next is None and not b.seg.expandable]
-        total_age = sum(self._gc_calls - b.gc_base for _, b in cands)
-        count = len(cands)
-        reclaimed, freed = 0, True
-        while reclaimed < target and freed and count > 0:
-            avg = total_age / count
-            freed = False
-            for fl, b in list(cands):
-                age = self._gc_calls - b.gc_base
-                if age >= avg:
-                    freed = True
-                    reclaimed += b.size
-                    total_age -= age
-                    count -= 1
-                    cands.remove((fl, b))
-                    self._release_segment(fl, b)
-
     # ------------------------------------------------------------------ expandable segments
 
-    def _page(self, small: bool) -> int:
-        return SMALL_BUFFER if small else self._large_page
+    def page(self, small: bool) -> int:
+        """:func:`~experiments.doctor.rules.expandable_segment_size` of the small or large pool."""
+        return expandable_segment_size("small" if small else "large", self.config)
 
-    def range_size(self, small: bool) -> int:
-        """Virtual range of one expandable segment: page × ceil((total + total/8) / page)."""
-        page = self._page(small)
-        total = self.total_memory
-        return page * (-(-(total + total // 8) // page))
-
-    def _alloc_expandable(self, size: int, small: bool, stream: int, pool_id: tuple[int, int]) -> Block | None:
-        key = (pool_id, small, stream)
+    def try_allocate_expandable_block(self, size: int, small: bool, stream: int,
+                                      pool_id: tuple[int, int]) -> Block | None:
+        """Map pages for ``size`` bytes at the lowest room of the (pool, stream)'s ranges and
+        return the free block that holds them, out of the free list (C++
+        ``try_allocate_expandable_block``, RULES.md §C.2); None if no range can hold it."""
         fl = self._list(pool_id, small, stream)
-        start = self._find_expandable(fl, size)
-        if start is None:
-            rsize = self.range_size(small)
-            if size > rsize:
-                return None
-            addr = self._next_address(rsize)
-            seg = Segment(addr, rsize, stream, pool_id, small, True)
-            seg.head = Block(addr, rsize, seg, mapped=False)
-            self._segments[addr] = seg
-            self._ranges.setdefault(key, []).append(seg)
-            fl.unmapped[addr] = seg.head
-            start = seg.head
-        c = start
+        c = self.find_expandable_block(fl, size, small, stream, pool_id)
+        if c is None:
+            return None
         if not c.mapped:
-            c = self._map(fl, c, min(c.size, size))
+            c = self.map_block(fl, c, min(c.size, size))
         while c.size < size:
             nxt = c.next
-            c = self._map(fl, nxt, min(size - c.size, nxt.size))
+            c = self.map_block(fl, nxt, min(size - c.size, nxt.size))
         fl.remove(c)
         return c
 
-    def _find_expandable(self, fl: _FreeList, size: int) -> Block | None:
+    def find_expandable_block(self, fl: _FreeList, size: int, small: bool, stream: int,
+                              pool_id: tuple[int, int]) -> Block | None:
+        """The lowest block from which free and unmapped blocks add up to ``size``: each
+        unmapped block by address, or the free block just before it; else a new range (C++
+        ``find_expandable_block``). A block still waiting on ``record_stream`` events is not
+        free here (``event_count > 0``): the room starts after it."""
+        blocks = fl.blocks
         for addr in sorted(fl.unmapped):
             u = fl.unmapped[addr]
-            start = u.prev if (u.prev is not None and not u.prev.allocated and u.prev.mapped) else u
+            p = u.prev
+            start = p if (p is not None and p.mapped and blocks.get(p.addr) is p) else u
             room, b = 0, start
-            while room < size and b is not None and not b.allocated:
+            while room < size and b is not None and (not b.mapped or blocks.get(b.addr) is b):
                 room += b.size
                 b = b.next
             if room >= size:
                 return start
-        return None
+        rsize = self.range_size(small)
+        if size > rsize:
+            return None
+        addr = self._next_address(rsize)
+        seg = Segment(addr, rsize, stream, pool_id, small, True)
+        seg.synthetic = self._synthetic
+        seg.head = Block(addr, rsize, seg, mapped=False)
+        self._segments[addr] = seg
+        self._ranges.setdefault((pool_id, small, stream), []).append(seg)
+        fl.unmapped[addr] = seg.head
+        return seg.head
 
-    def _map(self, fl: _FreeList, block: Block, nbytes: int) -> Block:
-        page = self._page(block.seg.small)
+    def map_block(self, fl: _FreeList, block: Block, nbytes: int) -> Block:
+        """Map the pages covering the first ``nbytes`` of the unmapped ``block``; the mapped
+        part merges with a free neighbour and is cached (C++ ``map_block``)."""
+        page = self.page(block.seg.small)
         mapped = min(-(-nbytes // page) * page, block.size)
         del fl.unmapped[block.addr]
         block.mapped = True
@@ -533,11 +728,14 @@ class Engine:
             fl.unmapped[rest.addr] = rest
         self.reserved_bytes += mapped
         self.events.append(("segment_map", block.addr, mapped))
-        self._merge_insert(fl, block)
+        self.try_merge_blocks(fl, block)
         return block
 
-    def _unmap(self, fl: _FreeList, block: Block) -> None:
-        page = self._page(block.seg.small)
+    def unmap_block(self, fl: _FreeList, block: Block) -> None:
+        """Unmap the whole pages inside the free expandable ``block``; the partial pages at
+        either end stay mapped and free; a range with nothing mapped left is released (C++
+        ``unmap_block``, ``release_expandable_segment``, RULES.md §C.3)."""
+        page = self.page(block.seg.small)
         base = block.seg.addr
         begin = base + -(-(block.addr - base) // page) * page
         end = base + ((block.addr + block.size - base) // page) * page
@@ -551,13 +749,15 @@ class Engine:
             else:
                 block.seg.head = before
             block.prev = before
-            self._insert_free(fl, before)
+            before.gc_base = self._gc_calls
+            fl.add(before)
         if end < block.addr + block.size:
             after = Block(end, block.addr + block.size - end, block.seg, block, block.next)
             if block.next is not None:
                 block.next.prev = after
             block.next = after
-            self._insert_free(fl, after)
+            after.gc_base = self._gc_calls
+            fl.add(after)
         block.addr, block.size, block.mapped = begin, end - begin, False
         self.reserved_bytes -= block.size
         self.events.append(("segment_unmap", begin, end - begin))
@@ -583,6 +783,35 @@ class Engine:
             self._ranges[(seg.pool_id, seg.small, seg.stream)].remove(seg)
             self._space.give(seg.addr, seg.size)
 
+    # ------------------------------------------------------------------ internals
+
+    def _list(self, pool_id: tuple[int, int], small: bool, stream: int) -> _FreeList:
+        key = (pool_id, small, stream)
+        fl = self._free.get(key)
+        if fl is None:
+            fl = self._free[key] = _FreeList()
+        return fl
+
+    def _insert_free(self, fl: _FreeList, b: Block) -> None:
+        b.gc_base = self._gc_calls
+        fl.add(b)
+
+    _synthetic = False
+
+    def _next_address(self, size: int) -> int:
+        self._synthetic = False
+        if self.address_hook is not None:
+            addr = self.address_hook(size)
+            if addr is not None:
+                return addr
+        if self._addresses:
+            return self._addresses.popleft()
+        self._synthetic = True
+        addr = self._space.take(size)
+        while self.address_hook is not None and not self.is_free_range(addr, size):
+            addr = self._space.take(size)   # taken by a segment at a recorded address: skip it
+        return addr
+
     @staticmethod
     def _seg_dict(seg: Segment, blocks: list[Block]) -> dict[str, Any]:
         return {
@@ -594,4 +823,5 @@ class Engine:
         }
 
 
-__all__ = ["Block", "Engine", "EngineOutOfMemory", "H200_TOTAL_MEMORY", "DEFAULT_POOL", "LARGE_BUFFER"]
+__all__ = ["Block", "Engine", "EngineOutOfMemory", "H200_TOTAL_MEMORY", "DEFAULT_POOL", "LARGE_BUFFER",
+           "MIN_BLOCK_SIZE"]

@@ -25,76 +25,20 @@ The request list a replay recovers (:attr:`Run.requests`) is what
 """
 from __future__ import annotations
 
-import dataclasses
-import gc
-from array import array
+import time
 from bisect import bisect_right, insort
 from typing import Any, Sequence
 
 from .engine import DEFAULT_POOL, Engine, EngineOutOfMemory
-from .rules import SMALL_SIZE
+from .run import (R_ALLOC, R_EMPTY, R_FREE_DONE, R_FREE_REQ, R_FREEABLE, R_RESTORE, R_RETRY,  # noqa: F401
+                  Run, _finish, _no_gc)
+from .rules import SMALL_SIZE, get_allocation_size
 from .trace import (ALLOC, FREE_DONE, FREE_REQ, OOM, SEG_ALLOC, SEG_FREE, SEG_MAP, SEG_UNMAP, SNAPSHOT, Trace,
                     starting_state)
 
-# request kinds
-R_ALLOC, R_FREE_REQ, R_FREE_DONE, R_EMPTY, R_RETRY = range(5)
 _SEG_NAMES = {SEG_ALLOC: "segment_alloc", SEG_FREE: "segment_free", SEG_MAP: "segment_map",
               SEG_UNMAP: "segment_unmap"}
 _CODES = {v: k for k, v in _SEG_NAMES.items()}
-
-
-@dataclasses.dataclass
-class Run:
-    """The outcome of one replay or what-if.
-
-    Attributes:
-        settings: the settings string it ran under.
-        matches_trace: every checked event agreed (replay only; None for a what-if).
-        first_mismatch: None, or a dict with event_index, action, reason, expected, got.
-        events_replayed: trace events (replay) or requests (what-if) processed.
-        allocated, reserved: bytes after each request (arrays of equal length).
-        final_* / peak_*: bytes; peak_index: the request at peak reserved.
-        oom_events: requests that did not fit; oom_requests: their (index, bytes).
-        peak_segments: the layout at peak reserved (filled by :func:`layout_at`).
-        requests: the request list (replay only) that what-ifs reuse.
-        initial: the blocks rebuilt for a late-started recording, (key, requested, stream, pool).
-        marks: (trace index, allocated, reserved) at each 'snapshot' entry (replay only).
-        peak_event: the trace event after which reserved bytes peaked (replay only).
-        segment_log: (action, address, size) of every segment the GPU allocated or freed and of
-            every expandable range it reserved, in order (replay only; a what-if takes the
-            GPU's addresses while its own calls to the driver are the same).
-    """
-
-    settings: str
-    matches_trace: bool | None = None
-    first_mismatch: dict[str, Any] | None = None
-    events_replayed: int = 0
-    allocated: array = dataclasses.field(default_factory=lambda: array("q"))
-    reserved: array = dataclasses.field(default_factory=lambda: array("q"))
-    final_reserved_bytes: int = 0
-    final_allocated_bytes: int = 0
-    peak_reserved_bytes: int = 0
-    peak_allocated_bytes: int = 0
-    peak_index: int = 0
-    oom_events: int = 0
-    oom_requests: list[tuple[int, int]] = dataclasses.field(default_factory=list)
-    final_segments: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    requests: list[tuple] = dataclasses.field(default_factory=list)
-    initial: list[tuple[int, int, int, tuple[int, int]]] = dataclasses.field(default_factory=list)
-    marks: list[tuple[int, int, int]] = dataclasses.field(default_factory=list)
-    peak_event: int = 0
-    segment_log: list[tuple[str, int, int]] = dataclasses.field(default_factory=list)
-
-    def summary(self) -> dict[str, Any]:
-        """The JSON fields of the doctor's report for this run."""
-        out = {"settings": self.settings}
-        if self.matches_trace is not None:
-            out["matches_trace"] = self.matches_trace
-            out["first_mismatch"] = self.first_mismatch
-        out.update(final_reserved_bytes=self.final_reserved_bytes, final_allocated_bytes=self.final_allocated_bytes,
-                   peak_reserved_bytes=self.peak_reserved_bytes, peak_allocated_bytes=self.peak_allocated_bytes,
-                   oom_events=self.oom_events)
-        return out
 
 
 class _Mismatch(Exception):
@@ -107,8 +51,12 @@ def _fmt_events(evs: Sequence[tuple[Any, int, int]]) -> list[list[Any]]:
     return [[_SEG_NAMES.get(a, a), addr, size] for a, addr, size in evs]
 
 
+_NEW = (-1, -1)          # a decision for "a private pool the trace has not shown yet"
+
+
 class _Replayer:
-    def __init__(self, trace: Trace, cap_bytes: int | None, total_memory: int):
+    def __init__(self, trace: Trace, cap_bytes: int | None, total_memory: int,
+                 forced: dict[int, tuple[int, int]] | None = None):
         self.trace = trace
         self.engine = Engine(trace.config, cap_bytes=cap_bytes, total_memory=total_memory)
         self.bases: list[int] = []           # sorted segment / range bases seen by the trace
@@ -121,13 +69,16 @@ class _Replayer:
         self.next_key = 0
         self.requests: list[tuple] = []
         self.trace_reserved = 0
-        self.private_context: tuple[int, int] | None = None
+        self.stream_pool: dict[int, tuple[int, int]] = {}   # the pool each stream's last request went to
+        self.private: list[tuple[int, int]] = []            # private pools seen, oldest first
         self.inferred = 0
+        self.restores = 0                    # blocks placed by a pool checkpoint (CUDA-graph trees)
+        self.forced = forced or {}           # event index -> pool, for a new segment (see replay())
+        self.decisions: list[tuple[int, list[tuple[int, int]], int]] = []
         self.peak_reserved, self.peak_event = -1, 0
         self.segment_log: list[tuple[str, int, int]] = []   # the driver's view: cudaMalloc / cudaFree / new range
         self.stop_at: int | None = None
         self.expandable = trace.config.expandable_segments
-        self.range_size = self.engine.range_size(False) if self.expandable else 0
 
     # -- segment bookkeeping of the trace
     def _containing(self, addr: int) -> int | None:
@@ -142,6 +93,8 @@ class _Replayer:
         insort(self.bases, base)
         self.seg_end[base] = base + size
         self.seg_pool[base] = pool
+        if pool != DEFAULT_POOL and pool not in self.private:
+            self.private.append(pool)
 
     def _drop_base(self, base: int) -> None:
         self.bases.remove(base)
@@ -184,7 +137,7 @@ class _Replayer:
         alloc_a, res_a = run.allocated, run.reserved
         put_a, put_r = alloc_a.append, res_a.append
         live, pending, keys = self.live, self.pending, self.keys
-        bases, seg_end, seg_pool = self.bases, self.seg_end, self.seg_pool
+        bases, seg_end, seg_pool, stream_pool = self.bases, self.seg_end, self.seg_pool, self.stream_pool
         malloc, free_req, free_done = eng.malloc, eng.free_requested, eng.free_completed
         i = 0
         try:
@@ -218,6 +171,11 @@ class _Replayer:
                         k = bisect_right(bases, addr) - 1
                         pool = seg_pool[bases[k]] if k >= 0 and addr < seg_end[bases[k]] else DEFAULT_POOL
                         eng.address_hook = None
+                        if pool != DEFAULT_POOL and eng.checkpointed_block(addr, size, stream, pool) is not None:
+                            self._restore(i, addr, size, stream, pool)
+                            put_a(eng.allocated_bytes)
+                            put_r(eng.reserved_bytes)
+                            continue
                         try:
                             blk = malloc(size, stream, pool)
                         except EngineOutOfMemory:
@@ -232,7 +190,7 @@ class _Replayer:
                         keys[addr] = key
                         self.next_key = key + 1
                         reqs.append((R_ALLOC, key, size, stream, pool))
-                        self.private_context = pool if pool != DEFAULT_POOL else None
+                        stream_pool[stream] = pool
                 elif code <= SEG_UNMAP:
                     buf.append(i)
                     self.trace_reserved += size if code == SEG_ALLOC or code == SEG_MAP else -size
@@ -288,12 +246,21 @@ class _Replayer:
                 pools.add(self.seg_pool[base])
         return pools
 
-    def _compare(self, i: int, action: str, expected_idx: Sequence[int], got: list, ordered: bool,
+    def _compare(self, i: int, action: str, expected_idx: Sequence[int], got: list,
                  pool: tuple[int, int] = DEFAULT_POOL, small: bool = False) -> None:
+        # Releases are compared as sets (C++ walks hash maps of streams and pools for them);
+        # new segments and maps in order, after every release (a refused cudaMalloc makes none).
         ev = self.trace.events
         expected = [(ev[j][0], ev[j][1], ev[j][2]) for j in expected_idx]
         got_c = [(_CODES[a], addr, size) for a, addr, size in got]
-        if (expected != got_c) if ordered else (sorted(expected) != sorted(got_c)):
+
+        def key(evs: list) -> tuple:
+            gone = sorted(e for e in evs if e[0] in (SEG_FREE, SEG_UNMAP))
+            made = [e for e in evs if e[0] in (SEG_ALLOC, SEG_MAP)]
+            first_made = next((k for k, e in enumerate(evs) if e[0] in (SEG_ALLOC, SEG_MAP)), len(evs))
+            late = [e for e in evs[first_made:] if e[0] in (SEG_FREE, SEG_UNMAP)]
+            return gone, made, late
+        if key(expected) != key(got_c):
             raise _Mismatch(i, action, "the segment events differ",
                             _fmt_events([(_SEG_NAMES[c], a, s) for c, a, s in expected]), _fmt_events(got))
         # keep the trace's segment table in step, in event order
@@ -308,6 +275,28 @@ class _Replayer:
                 self._add_base(addr, self.engine.range_size(small), pool)
                 self.segment_log.append(("range", addr, self.engine.range_size(small)))
 
+    def _mark_freeable(self, idx: Sequence[int]) -> None:
+        # A private pool gives memory back only once freeable (no graph or MemPool holds it):
+        # the first release of one of its segments shows it is, from then on (ids are not reused).
+        eng = self.engine
+        new = sorted(p for p in self._segment_pools(idx) if p != DEFAULT_POOL and p not in eng.freeable)
+        if new:
+            eng.freeable.update(new)
+            self.requests.append((R_FREEABLE, tuple(new)))
+
+    def _release_events(self, blocks: list) -> list[tuple[int, int, int]]:
+        out = []
+        for b in blocks:
+            seg = b.seg
+            if seg.expandable:
+                page = self.engine.page(seg.small)
+                begin = seg.addr + -(-(b.addr - seg.addr) // page) * page
+                end = seg.addr + ((b.addr + b.size - seg.addr) // page) * page
+                out.append((SEG_UNMAP, begin, end - begin))
+            else:
+                out.append((SEG_FREE, seg.addr, seg.size))
+        return sorted(out)
+
     def _flush_empty(self, i: int, buf: list[int], check: bool = True) -> None:
         if not buf:
             return
@@ -315,10 +304,19 @@ class _Replayer:
         if any(ev[j][0] in (SEG_ALLOC, SEG_MAP) for j in buf):
             raise _Mismatch(buf[0], _SEG_NAMES[ev[buf[0]][0]], "a segment was created without an allocation "
                             "that needed it")
+        eng = self.engine
         pools = self._segment_pools(buf)
-        self.engine.empty_cache(pools)
-        self.requests.append((R_EMPTY, tuple(sorted(pools))))
-        self._compare(buf[0], "empty_cache (inferred)", buf, self.engine.events, ordered=False)
+        self._mark_freeable(buf)
+        # torch.cuda.empty_cache() (the default pools and every freeable private pool), or a
+        # deleted MemPool's release of its own pool
+        pool_id = DEFAULT_POOL
+        if DEFAULT_POOL not in pools and len(pools) == 1:
+            expected = sorted((ev[j][0], ev[j][1], ev[j][2]) for j in buf)
+            if self._release_events(eng.release_cached_plan(DEFAULT_POOL)) != expected:
+                pool_id = next(iter(pools))
+        eng.empty_cache(pool_id)
+        self.requests.append((R_EMPTY, pool_id))
+        self._compare(buf[0], "empty_cache (inferred)", buf, eng.events)
         self._drop_ranges()
         buf.clear()
         if check:  # not when the request that follows still has segment events to come
@@ -330,12 +328,62 @@ class _Replayer:
             for base in [b for b in self.bases if b not in live]:
                 self._drop_base(base)
 
+    def _malloc_releases(self, size: int, stream: int, pool: tuple[int, int]) -> bool:
+        """Whether malloc itself would release cached memory for this request (the garbage
+        collector, or a refused segment's out-of-memory path) rather than find a block."""
+        eng = self.engine
+        rounded = eng.round(size)
+        small = rounded <= SMALL_SIZE
+        fl = eng._free.get((pool, small, stream))
+        if fl is not None and eng.get_free_block(fl, rounded) is not None:
+            return False
+        if eng.cap_bytes is None:
+            return False
+        if eng._gc_counting and pool == DEFAULT_POOL and not small:
+            eng._gc_calls += 1             # malloc counts its get_free_block call before collecting
+            try:
+                if eng.garbage_collect_plan():
+                    return True
+            finally:
+                eng._gc_calls -= 1
+        return eng.reserved_bytes + get_allocation_size(rounded, eng.config) > eng.cap_bytes
+
+    def _choose_pool(self, i: int, size: int, stream: int, small: bool, code: int) -> tuple[int, int]:
+        """The pool of a request that made a new segment or range the final state does not name.
+        Candidates are the pools that could not serve it from their cached blocks (one that
+        could would have), the stream's last pool first; replay() backtracks over them."""
+        first = self.stream_pool.get(stream, DEFAULT_POOL)
+        cands = []
+        for p in [first, DEFAULT_POOL] + self.private[::-1] + [_NEW]:
+            if p not in cands and (p == _NEW or not self._could_serve(p, size, stream, small, code)):
+                cands.append(p)
+        choice = self.forced.get(i)
+        k = cands.index(choice) if choice in cands else 0
+        if len(cands) > 1:
+            self.decisions.append((i, cands, k))
+        pool = cands[k]
+        if pool == _NEW:
+            self.inferred += 1
+            pool = (-1, self.inferred)
+        return pool
+
     def _alloc(self, i: int, buf: list[int], survives: list[bool]) -> None:
         eng, ev = self.engine, self.trace.events
         _, addr, size, stream = ev[i]
         creates = [j for j in buf if ev[j][0] in (SEG_ALLOC, SEG_MAP)]
-        # which pool: the segment the block landed in, or for a new segment the final state / the default
+        frees = [j for j in buf if ev[j][0] in (SEG_FREE, SEG_UNMAP)]
         small = eng.round(size) <= SMALL_SIZE
+        # an empty_cache before this request, unless the malloc path itself releases
+        if frees and not self._malloc_releases(size, stream, self._pool_guess(addr, stream, creates)):
+            first_create = min(creates) if creates else None
+            pre = [j for j in buf if j in frees and (first_create is None or j < first_create)]
+            rest = [j for j in buf if j not in pre]
+            buf[:] = pre
+            self._flush_empty(i, buf, check=False)
+            buf[:] = rest
+        else:
+            self._mark_freeable(frees)
+        # which pool: the segment the block landed in, or for a new segment the final state / a choice
         pool = DEFAULT_POOL
         region = None
         for j in creates:
@@ -353,39 +401,20 @@ class _Replayer:
             else:
                 known = next((s["pool_id"] for s in self.trace.segments
                               if s["is_expandable"] and lo <= s["address"] < hi), None)
-            ctx = self.private_context
-            if known is not None:
-                pool = known
-            elif self._could_serve(DEFAULT_POOL, size, stream, small, ev[j][0]):
-                # the default pool would not have needed a new segment: a private pool did, and
-                # not the last one either if that one could have served it
-                if ctx is None or self._could_serve(ctx, size, stream, small, ev[j][0]):
-                    self.inferred += 1
-                    ctx = (-1, self.inferred)
-                pool = ctx
-            elif ctx is not None and not self._could_serve(ctx, size, stream, small, ev[j][0]):
-                pool = ctx
+            pool = known if known is not None else self._choose_pool(i, size, stream, small, ev[j][0])
         else:
             base = self._containing(addr)
             if base is not None:
                 pool = self.seg_pool[base]
-        self.private_context = pool if pool != DEFAULT_POOL else (None if region is None else self.private_context)
-        # an empty_cache before this request, unless the malloc path itself releases
-        frees = [j for j in buf if ev[j][0] in (SEG_FREE, SEG_UNMAP)]
-        if frees and not eng.would_fail_alloc_block(size, stream, pool):
-            first_create = min(creates) if creates else None
-            pre = [j for j in buf if j in frees and (first_create is None or j < first_create)]
-            rest = [j for j in buf if j not in pre]
-            buf[:] = pre
-            self._flush_empty(i, buf, check=False)
-            buf[:] = rest
+        self.stream_pool[stream] = pool
         expected = [ev[j] for j in buf]
 
         def address(_size: int) -> int | None:
             # the engine is about to emit its next segment event: take the GPU's address for it
-            k = len(eng.events)
-            if k < len(expected) and expected[k][0] in (SEG_ALLOC, SEG_MAP):
-                return expected[k][1]
+            creates_so_far = sum(1 for e in eng.events if e[0] in ("segment_alloc", "segment_map"))
+            made = [e for e in expected if e[0] in (SEG_ALLOC, SEG_MAP)]
+            if creates_so_far < len(made):
+                return made[creates_so_far][1]
             return None
 
         eng.address_hook = address
@@ -394,8 +423,7 @@ class _Replayer:
         except EngineOutOfMemory:
             raise _Mismatch(i, "alloc", "the model ran out of memory where the GPU did not "
                             "(a memory cap the snapshot does not record? pass --cap)") from None
-        self._compare(i, "alloc", buf, eng.events, ordered=True, pool=pool,
-                      small=eng.round(size) <= SMALL_SIZE)
+        self._compare(i, "alloc", buf, eng.events, pool=pool, small=small)
         self._drop_ranges()
         buf.clear()
         self._check_reserved(i, "alloc")
@@ -406,22 +434,43 @@ class _Replayer:
         self.requests.append((R_ALLOC, self.next_key, size, stream, pool))
         self.next_key += 1
 
+    def _restore(self, i: int, addr: int, size: int, stream: int, pool: tuple[int, int]) -> None:
+        # a block put where a private pool's checkpoint held it, not where best fit would
+        blk = self.engine.alloc_checkpointed_block(addr, size, stream, pool)
+        self.live[addr] = blk
+        self.keys[addr] = self.next_key
+        self.requests.append((R_RESTORE, self.next_key, size, stream, pool))
+        self.stream_pool[stream] = pool
+        self.next_key += 1
+        self.restores += 1
+
+    def _pool_guess(self, addr: int, stream: int, creates: list[int]) -> tuple[int, int]:
+        base = self._containing(addr)
+        if base is not None and not creates:
+            return self.seg_pool[base]
+        return self.stream_pool.get(stream, DEFAULT_POOL)
+
     def _could_serve(self, pool: tuple[int, int], size: int, stream: int, small: bool, code: int) -> bool:
-        if self.engine.has_free_block(size, stream, pool):
+        eng = self.engine
+        rounded = eng.round(size)
+        fl = eng._free.get((pool, small, stream))
+        if fl is not None and eng.get_free_block(fl, rounded) is not None:
             return True
-        return code == SEG_MAP and bool(self.engine._ranges.get((pool, small, stream)))
+        return code == SEG_MAP and bool(eng._ranges.get((pool, small, stream)))
 
     def _oom(self, i: int, buf: list[int], size: int, stream: int) -> None:
         eng = self.engine
         eng.address_hook = None
+        pool = self.stream_pool.get(stream, DEFAULT_POOL)
+        self._mark_freeable([j for j in buf if self.trace.events[j][0] in (SEG_FREE, SEG_UNMAP)])
         try:
-            eng.malloc(size, stream, self.private_context or DEFAULT_POOL)
+            eng.malloc(size, stream, pool)
         except EngineOutOfMemory:
-            self._compare(i, "oom", buf, eng.events, ordered=True)
+            self._compare(i, "oom", buf, eng.events)
             self._drop_ranges()
             buf.clear()
             self._check_reserved(i, "oom")
-            self.requests.append((R_RETRY, size, stream, self.private_context or DEFAULT_POOL))
+            self.requests.append((R_RETRY, size, stream, pool))
             return
         raise _Mismatch(i, "oom", "the GPU ran out of memory here but the model did not "
                         "(the cap is unknown: pass --cap BYTES)")
@@ -441,34 +490,21 @@ class _Replayer:
                     raise _Mismatch(n, "end", "the final layout differs from the snapshot's segments", w, g)
 
 
-def _finish(run: Run, eng: Engine) -> None:
-    run.final_allocated_bytes = eng.allocated_bytes
-    run.final_reserved_bytes = eng.reserved_bytes
-    if len(run.reserved):
-        peak = max(run.reserved)
-        run.peak_reserved_bytes = peak
-        run.peak_index = run.reserved.index(peak)
-        run.peak_allocated_bytes = max(run.allocated)
-    run.oom_events = len(run.oom_requests) + getattr(run, "_trace_ooms", 0)
-    run.final_segments = eng.segments()
-
-
-class _no_gc:
-    """The blocks' prev/next links are reference cycles: with thousands of live blocks the
-    cyclic collector would rescan them over and over during a replay, for nothing to free."""
-
-    def __enter__(self) -> None:
-        self.was = gc.isenabled()
-        gc.disable()
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.was:
-            gc.enable()
+# Backtracking over the pools of new segments: at most this many replays, and this long.
+MAX_REPLAYS = 400
+MAX_SEARCH_S = 30.0
 
 
 def replay(trace: Trace, *, cap_bytes: int | None = None, total_memory: int | None = None,
            stop_at: int | None = None) -> Run:
     """Replay ``trace`` under the settings it was recorded with; check it event by event.
+
+    A trace does not say which pool a request went to. Where a request made a new segment
+    that the final state does not name and more than one pool could have made it (the pools
+    whose cached blocks could not serve it), the replay takes the stream's last pool first;
+    when the trace later contradicts a choice (a block elsewhere, a release that differs, the
+    final layout), it goes back to the latest choice with an untried pool and replays again
+    (depth first; at most ``MAX_REPLAYS`` replays and ``MAX_SEARCH_S`` seconds).
 
     Args:
         cap_bytes: the memory cap the program ran under (default: the snapshot's own
@@ -480,16 +516,66 @@ def replay(trace: Trace, *, cap_bytes: int | None = None, total_memory: int | No
 
     Returns:
         a :class:`Run` whose ``matches_trace`` says whether every segment event, block address
-        and reserved-bytes value agreed, and ``first_mismatch`` where not.
+        and reserved-bytes value agreed, and ``first_mismatch`` where not (of the replay that
+        got furthest).
     """
     cap = cap_bytes if cap_bytes is not None else trace.cap_bytes
     total = total_memory or trace.total_memory or 150_109_880_320
-    r = _Replayer(trace, cap, total)
-    r.stop_at = stop_at
-    with _no_gc():
-        run = r.run()
-    run.oom_events = sum(1 for e in trace.events if e[0] == OOM)
-    return run
+    forced: dict[int, tuple[int, int]] = {}
+    best: Run | None = None
+    t0 = time.perf_counter()
+    for _ in range(MAX_REPLAYS):
+        r = _Replayer(trace, cap, total, forced)
+        r.stop_at = stop_at
+        with _no_gc():
+            run = r.run()
+        if best is None or run.matches_trace or run.events_replayed > best.events_replayed:
+            best = run
+        if run.matches_trace is not False or time.perf_counter() - t0 > MAX_SEARCH_S:
+            break
+        where = run.first_mismatch["event_index"]
+        open_ = [k for k, (i, cands, c) in enumerate(r.decisions) if i <= where and c + 1 < len(cands)]
+        if not open_:
+            break
+        k = open_[-1]
+        forced = {i: cands[c] for i, cands, c in r.decisions[:k]}
+        i, cands, c = r.decisions[k]
+        forced[i] = cands[c + 1]
+    assert best is not None
+    best.oom_events = sum(1 for e in trace.events if e[0] == OOM)
+    best.restores = r.restores
+    if best is run and run.matches_trace and stop_at is None:
+        best.pool_choices = len(r.decisions)
+        # Other attributions are looked for only where the trace shows private pools at all (a
+        # request that no other pool could have served, or a pool id in the final state):
+        # otherwise every new segment could be a pool of its own, used once, and none is.
+        if any(q[0] in (R_ALLOC, R_RESTORE) and q[4] != DEFAULT_POOL for q in run.requests) or \
+                any(s["pool_id"] != DEFAULT_POOL for s in trace.segments):
+            best.alternatives = _alternatives(trace, cap, total, r.decisions, t0)
+    return best
+
+
+MAX_ALTERNATIVES = 12
+
+
+def _alternatives(trace: Trace, cap: int | None, total: int, decisions: list, t0: float) -> list[list[tuple]]:
+    """Request lists of other pool attributions the whole trace agrees with: each open choice
+    of the replay taken the other way(s), one at a time, the later ones re-decided (a MemPool
+    used for a phase, then deleted, can look like the default pool in every event)."""
+    out: list[list[tuple]] = []
+    for k, (i, cands, c) in enumerate(decisions):
+        for alt in range(len(cands)):
+            if alt == c:
+                continue
+            if len(out) >= MAX_ALTERNATIVES or time.perf_counter() - t0 > MAX_SEARCH_S:
+                return out
+            forced = {i2: cands2[c2] for i2, cands2, c2 in decisions[:k]}
+            forced[i] = cands[alt]
+            with _no_gc():
+                run = _Replayer(trace, cap, total, forced).run()
+            if run.matches_trace:
+                out.append(run.requests)
+    return out
 
 
 __all__ = ["Run", "replay"]

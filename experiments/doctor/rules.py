@@ -208,6 +208,12 @@ DEFAULT = AllocatorConfig()
 
 
 # ----------------------------------------------------------------------------- the rules
+#
+# One function per C++ function of c10/cuda/CUDACachingAllocator.cpp (torch 2.11), named after
+# it. The rules that act on the allocator's state (get_free_block, alloc_found_block,
+# free_block, try_merge_blocks, garbage_collect_cached_blocks, release_*_cached_blocks, the
+# expandable-segment map/unmap) are methods of experiments.doctor.engine.Engine, also named
+# after their C++ functions, and call these.
 
 def round_size(nbytes: int, config: AllocatorConfig = DEFAULT) -> int:
     """The block size a request of ``nbytes`` asks the pools for (bytes).
@@ -215,7 +221,8 @@ def round_size(nbytes: int, config: AllocatorConfig = DEFAULT) -> int:
     Up to 512 B becomes 512; otherwise the next multiple of 512, unless
     ``roundup_power2_divisions`` gives the request's power-of-two interval d > 1
     divisions and the request exceeds 512·d, in which case it rounds up to the next
-    1/d step of that interval. (RULES.md §A.2; PyTorch ``round_size``.)
+    1/d step of that interval. C++ ``CUDACachingAllocator::round_size`` (RULES.md §A.2);
+    the per-interval table is parsed as torch 2.11 does (:func:`parse_roundup_divisions`).
 
     Raises:
         ValueError: ``nbytes`` < 1 (a zero-byte tensor never reaches the allocator).
@@ -237,17 +244,20 @@ def round_size(nbytes: int, config: AllocatorConfig = DEFAULT) -> int:
     return -(-nbytes // MIN_BLOCK_SIZE) * MIN_BLOCK_SIZE
 
 
-def pool_of(rounded: int) -> str:
-    """'small' for rounded sizes up to and including 1 MiB, else 'large'."""
+def get_pool(rounded: int) -> str:
+    """'small' for rounded sizes up to and including 1 MiB, else 'large': the half of the
+    (default or private) pool a request goes to. C++ ``get_pool`` (RULES.md §A.3; which
+    private pool, if any, is the caller's: the request's MemPool or capture, §D)."""
     return "small" if rounded <= SMALL_SIZE else "large"
 
 
-def allocation_size(rounded: int, config: AllocatorConfig = DEFAULT) -> int:
+def get_allocation_size(rounded: int, config: AllocatorConfig = DEFAULT) -> int:
     """Size of the segment a new ``cudaMalloc`` makes for a rounded request (bytes).
 
-    2 MiB up to 1 MiB; 20 MiB (``large_segment_size``) below 10 MiB; else the request
-    rounded up to 2 MiB. With expandable segments this size is only used for the
-    memory-cap check; pages are mapped instead (:func:`page_size`).
+    2 MiB up to 1 MiB; 20 MiB (``large_segment_size``, torch 2.11+; the constant
+    ``kLargeBuffer`` before) below 10 MiB; else the request rounded up to 2 MiB.
+    With expandable segments this size is only used for the memory-cap check; pages are
+    mapped instead (:func:`expandable_segment_size`). C++ ``get_allocation_size`` (RULES.md §A.4).
     """
     if rounded <= SMALL_SIZE:
         return SMALL_BUFFER
@@ -256,19 +266,40 @@ def allocation_size(rounded: int, config: AllocatorConfig = DEFAULT) -> int:
     return -(-rounded // ROUND_LARGE) * ROUND_LARGE
 
 
-def page_size(pool: str, config: AllocatorConfig = DEFAULT) -> int:
-    """Expandable-segment page of a pool: 2 MiB (small) or ``large_segment_size`` (large)."""
+def expandable_segment_size(pool: str, config: AllocatorConfig = DEFAULT) -> int:
+    """The page an expandable segment maps at a time: 2 MiB (small pool) or
+    ``large_segment_size`` (large; 20 MiB by default). C++ ``find_expandable_block``'s
+    ``segment_size`` for the new ``ExpandableSegment`` (RULES.md §C.1).
+
+    Raises:
+        ValueError: ``pool`` is not 'small' or 'large'.
+    """
     if pool not in ("small", "large"):
         raise ValueError(f"pool must be 'small' or 'large', got {pool!r}")
     return SMALL_BUFFER if pool == "small" else config.large_segment_size
 
 
+def expandable_range_size(small: bool, total_memory: int, config: AllocatorConfig = DEFAULT) -> int:
+    """Virtual range one expandable segment reserves: the page times
+    ceil((total + total/8) / page) bytes, 1⅛ of the device. C++ ``ExpandableSegment``'s
+    constructor (``numSegments(totalGlobalMem + totalGlobalMem / 8)``, RULES.md §C.1)."""
+    page = expandable_segment_size("small" if small else "large", config)
+    return page * (-(-(total_memory + total_memory // 8) // page))
+
+
 def should_split(block_size: int, rounded: int, pool: str, config: AllocatorConfig = DEFAULT) -> bool:
     """Whether a free block of ``block_size`` serving ``rounded`` bytes keeps its tail free.
 
-    Small pool, or expandable segments: when the remainder is at least 512 B. Large pool
+    Small pool, or expandable segments on: when the remainder is at least 512 B. Large pool
     otherwise: only when the remainder is more than 1 MiB and the request is below
-    ``max_split_size`` (RULES.md §A.7).
+    ``max_split_size``. C++ ``should_split`` (RULES.md §A.7, §A.13): before torch 2.9 it
+    read the global ``expandable_segments()`` flag, from then ``is_expandable_segments_active``
+    (the flag, unless the pool is a MemPool with an allocator of its own, which the doctor
+    does not model: the same rule here); 2.11's ``MemPool(no_split=True)`` never splits
+    (not modelled).
+
+    Raises:
+        ValueError: ``block_size`` smaller than ``rounded``.
     """
     remaining = block_size - rounded
     if remaining < 0:
@@ -277,5 +308,3 @@ def should_split(block_size: int, rounded: int, pool: str, config: AllocatorConf
         return remaining >= MIN_BLOCK_SIZE
     limit = config.max_split_size if config.max_split_size is not None else math.inf
     return rounded < limit and remaining > SMALL_SIZE
-
-

@@ -13,20 +13,80 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from .engine import Engine, EngineOutOfMemory
-from .replay import R_ALLOC, R_EMPTY, R_FREE_DONE, R_FREE_REQ, Run, _finish, _no_gc
-from .rules import AllocatorConfig
+from .replay import (R_ALLOC, R_EMPTY, R_FREE_DONE, R_FREE_REQ, R_FREEABLE, R_RESTORE, R_RETRY, Run, _finish,
+                     _no_gc)
+from .rules import SMALL_BUFFER, AllocatorConfig, get_allocation_size
 
 
 def what_if(base: Run, config: AllocatorConfig, settings: str, *, cap_bytes: int | None = None,
             total_memory: int = 150_109_880_320, stop_at: int | None = None) -> tuple[Run, Engine]:
     """Run the requests of a replay under ``config`` (and ``cap_bytes``) on a fresh engine.
 
+    The answer is exact (``run.exact``) when nothing the snapshot leaves open can change it.
+    Four things can (``run.uncertain`` names them):
+
+    * "record_stream completion timing": a block freed after ``record_stream`` returns to its
+      pool when the GPU has passed its events, which a run under other settings may do at
+      another point of the program (``process_events`` polls at each malloc); the recorded
+      points are kept, and the answer may be off by the bytes such blocks held when a request
+      came (their segment sizes: ``get_allocation_size`` each, the small pool's together);
+    * "pool attribution": the trace agrees with more than one assignment of new segments to
+      pools (``Run.alternatives`` of the replay): each is run too;
+    * "driver address order": once the what-if's calls to the driver differ from the recorded
+      run's, its new segments have addresses of its own, and a best-fit choice between equal
+      blocks of different segments was decided by them (``Engine.address_ties``): the what-if
+      is run again with the opposite address order;
+    * "pool checkpoint restores": CUDA-graph trees put blocks where a checkpoint held them;
+      a what-if places them by best fit, and is run again without them.
+
+    ``run.peak_reserved_range_bytes``, ``final_reserved_range_bytes`` and ``oom_events_range``
+    span the answers of those runs (widened by the timing bytes); ``run.bound_bytes`` is the
+    most the peak or final reserved bytes may be off by (0 when exact). This bound is what the
+    doctor can compute from one snapshot; tests/test_doctor_cases.py checks it against the
+    GPU's own runs under each setting.
+
     Returns:
         (the Run, the engine after the last request processed; ``stop_at`` stops after that
         many requests, e.g. to read the layout at the peak).
     """
     with _no_gc():
-        return _run_requests(base, config, settings, cap_bytes, total_memory, stop_at)
+        run, eng = _run_requests(base, base.requests, config, settings, cap_bytes, total_memory, stop_at)
+        if stop_at is None:
+            _certainty(run, eng, base, config, settings, cap_bytes, total_memory)
+    return run, eng
+
+
+def _certainty(run: Run, eng: Engine, base: Run, config: AllocatorConfig, settings: str, cap_bytes: int | None,
+               total_memory: int) -> None:
+    others: list[Run] = []
+    uncertain = []
+    timing = getattr(run, "_timing_bytes", 0)
+    if timing:
+        uncertain.append("record_stream completion timing")
+    if base.alternatives:
+        uncertain.append("pool attribution")
+        others += [_run_requests(base, reqs, config, settings, cap_bytes, total_memory, None)[0]
+                   for reqs in base.alternatives]
+    if eng.address_ties:
+        uncertain.append("driver address order")
+        others.append(_run_requests(base, base.requests, config, settings, cap_bytes, total_memory, None,
+                                    address_order="up")[0])
+    if base.restores:
+        uncertain.append("pool checkpoint restores")
+        others.append(_run_requests(base, [r for r in base.requests if r[0] != R_RESTORE], config, settings,
+                                    cap_bytes, total_memory, None)[0])
+    runs = [run] + others
+    dev = max(max(abs(o.peak_reserved_bytes - run.peak_reserved_bytes),
+                  abs(o.final_reserved_bytes - run.final_reserved_bytes)) for o in runs)
+    run.exact = not uncertain
+    run.uncertain = uncertain
+    run.bound_bytes = dev + timing
+    peaks = [o.peak_reserved_bytes for o in runs]
+    finals = [o.final_reserved_bytes for o in runs]
+    run.peak_reserved_range_bytes = (max(0, min(peaks) - timing), max(peaks) + timing)
+    run.final_reserved_range_bytes = (max(0, min(finals) - timing), max(finals) + timing)
+    ooms = [o.oom_events for o in runs]
+    run.oom_events_range = (min(ooms), max(ooms))
 
 
 class _DriverSync:
@@ -36,16 +96,17 @@ class _DriverSync:
         self.log, self.eng, self.pos, self.on, self.seen = log, eng, 0, bool(log), 0
 
     def follow(self) -> None:
-        """Check the releases of the operation just done against the log."""
-        evs = self.eng.events
-        for a, addr, size in evs[self.seen:]:
-            if a == "segment_free":
-                if self.pos < len(self.log) and self.log[self.pos] == (a, addr, size):
-                    self.pos += 1
-                else:
-                    self.on = False
-                    break
+        """Check the releases of the operation just done against the log (as a set: the
+        allocator walks hash maps of streams and pools to release)."""
+        frees = sorted(e for e in self.eng.events[self.seen:] if e[0] == "segment_free")
         self.seen = 0
+        if not frees:
+            return
+        nxt = self.log[self.pos:self.pos + len(frees)]
+        if sorted(nxt) == frees:
+            self.pos += len(frees)
+        else:
+            self.on = False
 
     def address(self, size: int) -> int | None:
         if not self.on:
@@ -62,9 +123,10 @@ class _DriverSync:
         return None
 
 
-def _run_requests(base: Run, config: AllocatorConfig, settings: str, cap_bytes: int | None, total_memory: int,
-             stop_at: int | None) -> tuple[Run, Engine]:
-    eng = Engine(config, cap_bytes=cap_bytes, total_memory=total_memory)
+def _run_requests(base: Run, requests: Sequence[tuple], config: AllocatorConfig, settings: str,
+                  cap_bytes: int | None, total_memory: int, stop_at: int | None,
+                  address_order: str = "down") -> tuple[Run, Engine]:
+    eng = Engine(config, cap_bytes=cap_bytes, total_memory=total_memory, address_order=address_order)
     # The driver picks segment addresses from the history of cudaMalloc and cudaFree calls.
     # While the what-if makes the same calls as the GPU's run, in the same order, it takes
     # the GPU's addresses (ties between equal free blocks go by address); from the first
@@ -80,12 +142,16 @@ def _run_requests(base: Run, config: AllocatorConfig, settings: str, cap_bytes: 
         except EngineOutOfMemory:
             run.oom_requests.append((-1, req))
     malloc, free_req, free_done, empty = eng.malloc, eng.free_requested, eng.free_completed, eng.empty_cache
+    is_pending = eng.is_pending
     alloc_a, res_a = run.allocated, run.reserved
-    for k, r in enumerate(base.requests):
+    timing = 0
+    for k, r in enumerate(requests):
         if stop_at is not None and k >= stop_at:
             break
         kind = r[0]
-        if kind == R_ALLOC:
+        if eng._pending and (kind == R_ALLOC or kind == R_RESTORE or kind == R_RETRY):
+            timing = max(timing, _pending_bound(eng))
+        if kind == R_ALLOC or kind == R_RESTORE:
             try:
                 blocks[r[1]] = malloc(r[2], r[3], r[4])
             except EngineOutOfMemory:
@@ -96,11 +162,14 @@ def _run_requests(base: Run, config: AllocatorConfig, settings: str, cap_bytes: 
                 free_req(b)
         elif kind == R_FREE_DONE:
             b = blocks.pop(r[1], None)
-            if b is not None:
+            # a sync of this what-if's own out-of-memory path may have completed it already
+            if b is not None and is_pending(b):
                 free_done(b)
         elif kind == R_EMPTY:
             empty(r[1])
-        else:  # a request that failed on the GPU: try it, and drop it at once if it fits
+        elif kind == R_FREEABLE:
+            eng.freeable.update(r[1])
+        elif kind == R_RETRY:  # a request that failed on the GPU: try it, and drop it at once if it fits
             try:
                 b = malloc(r[1], r[2], r[3])
                 free_req(b)
@@ -112,8 +181,22 @@ def _run_requests(base: Run, config: AllocatorConfig, settings: str, cap_bytes: 
         alloc_a.append(eng.allocated_bytes)
         res_a.append(eng.reserved_bytes)
     run.events_replayed = len(alloc_a)
+    run._timing_bytes = timing  # type: ignore[attr-defined]
     _finish(run, eng)
     return run, eng
+
+
+def _pending_bound(eng: Engine) -> int:
+    # The memory a request might need anew if the blocks waiting on record_stream events were
+    # not back yet (or might not need if they were): a segment for each large block, and the
+    # small pool's blocks packed into 2 MiB segments.
+    large = small = 0
+    for b in eng._pending:
+        if b.seg.small:
+            small += b.size
+        else:
+            large += get_allocation_size(b.size, eng.config)
+    return large + -(-small // SMALL_BUFFER) * SMALL_BUFFER
 
 
 def _config(settings: str) -> AllocatorConfig:
