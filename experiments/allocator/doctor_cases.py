@@ -77,6 +77,7 @@ CASES: dict[str, tuple[int | None, tuple[str, ...]]] = {
     "mempools_two_capped": (1536 * MiB, ("", "expandable_segments:True", "garbage_collection_threshold:0.6")),
     "compiled_infer": (None, ("", "expandable_segments:True", "max_split_size_mb:64")),
 }
+COMPILED = frozenset({"compiled_graphs", "compiled_infer"})   # torch.compile programs
 # Cases whose snapshots keep Python stack frames (as readers' usually do): the OOM explanation
 # names the frames of the blocks that pinned the memory.
 FRAMES = frozenset({"capped_training", "loader_capped", "mempool_capped", "handoff", "cap_two_streams",
@@ -385,10 +386,18 @@ def case_worker(case: str, frames: bool = False, pickle_path: str | None = None)
     Raises:
         ValueError: an unknown case.
     """
-    import torch
-
     if case not in PROGRAMS:
         raise ValueError(f"case must be one of {sorted(PROGRAMS)}, got {case!r}")
+    if case in COMPILED:
+        # Each run compiles from scratch: a warm Inductor or Triton cache (another setting's
+        # process of the same recording) skips work that allocates, and the runs would differ.
+        import tempfile
+
+        fresh = tempfile.mkdtemp(prefix="memlab-inductor-")
+        os.environ.update(TORCHINDUCTOR_CACHE_DIR=fresh, TRITON_CACHE_DIR=os.path.join(fresh, "triton"),
+                          TORCHINDUCTOR_FX_GRAPH_CACHE="0", TORCHINDUCTOR_AUTOGRAD_CACHE="0")
+    import torch
+
     torch.cuda.init()
     total = int(torch.cuda.get_device_properties(0).total_memory)
     cap = CASES[case][0]

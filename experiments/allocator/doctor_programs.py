@@ -4,8 +4,9 @@ helpers every doctor case uses (allocation, probes, calibrated GPU work, the his
 Each program takes a :class:`~experiments.allocator.doctor_gpu._Recorder`, marks its phases
 and follows the rules of :mod:`experiments.allocator.doctor_cases`: the GPU's run is a
 function of the allocator setting alone (long GPU work against the host's issue time, syncs
-at fixed points; requests that may not fit are probes freed at once, or tensors whose
-absence changes nothing that follows). torch is imported inside the functions.
+at fixed points; requests that may not fit are probes, freed at once, made on a stream of
+their own so that their cached segments are no room for the rest of the program, which
+always fits). torch is imported inside the functions.
 """
 from __future__ import annotations
 
@@ -50,18 +51,6 @@ def _sleep_ms(ms: float) -> None:
     import torch
 
     torch.cuda._sleep(int(ms * _SLEEP_CYCLES_PER_MS))
-
-
-def _try_empty(nbytes: int) -> Any:
-    """A tensor of ``nbytes``, or None where it does not fit under the cap (the OOM is caught).
-    The program goes on the same way either way, so its later requests do not depend on the
-    setting; a what-if skips a request that does not fit, and its free, the same way."""
-    import torch
-
-    try:
-        return _empty(nbytes)
-    except torch.OutOfMemoryError:
-        return None
 
 
 def _warm_streams(*streams: Any) -> None:
@@ -132,13 +121,15 @@ def _c_prefetch_pages(rec: _Recorder) -> None:
 
 
 def _c_cap_two_streams(rec: _Recorder) -> None:
-    """Two streams under a 1 GiB cap, each with a ragged working set (3-47 MiB tensors) that
-    turns over; after each round a ladder of buffers near what is left is asked for (probes,
-    alternating streams), so that some fit under one setting and not under another."""
+    """Two streams under a 1 GiB cap, each with a ragged working set (3-47 MiB tensors, at most
+    six alive, so it always fits) that turns over; after each round a ladder of buffers near
+    what is left is asked for on a third stream (probes, freed at once, their cached segments
+    apart from the working set's), so that some fit under one setting and not under another."""
     import torch
 
     rng = random.Random(59)
     streams = [torch.cuda.current_stream(), torch.cuda.Stream()]
+    probe_stream = torch.cuda.Stream()
     live: list[list[Any]] = [[], []]
     rec.mark("start")
     for rnd in range(6):
@@ -147,11 +138,10 @@ def _c_cap_two_streams(rec: _Recorder) -> None:
                 for _ in range(10):
                     if len(live[i]) > 5 or (live[i] and rng.random() < 0.4):
                         live[i].pop(rng.randrange(len(live[i])))
-                    live[i].append(_try_empty(rng.choice((3, 9, 14, 22, 31, 47)) * MiB
-                                              + rng.randrange(1, 16) * 64 * 1024))
+                    live[i].append(_empty(rng.choice((3, 9, 14, 22, 31, 47)) * MiB + rng.randrange(1, 16) * 64 * 1024))
         torch.cuda.synchronize()
-        for k, n in enumerate(range(380, 800, 60)):
-            with torch.cuda.stream(streams[(rnd + k) % 2]):
+        with torch.cuda.stream(probe_stream):
+            for n in range(300, 720, 60):
                 _probe(n * MiB + rnd * 3 * MiB)
         rec.mark(f"round{rnd + 1}")
     live.clear()
@@ -161,29 +151,33 @@ def _c_cap_two_streams(rec: _Recorder) -> None:
 
 
 def _c_gc_ages(rec: _Recorder) -> None:
-    """Batches whose size class changes every six steps under a 1.25 GiB cap, a few tensors
-    kept across steps, one step in five on a second stream: the cached segments of old classes
-    grow stale, so ``garbage_collection_threshold`` frees them by age before a ``cudaMalloc``;
-    a probe at the end of each class."""
+    """Batches whose size class changes every six steps under a 1.25 GiB cap, one step in five
+    on a second stream, a few tensors kept across steps on a third: the cached segments of old
+    classes grow stale, so ``garbage_collection_threshold`` frees them by age before a
+    ``cudaMalloc``; a probe (on a stream of its own) at the end of each class. Everything but
+    the probes always fits."""
     import torch
 
     rng = random.Random(83)
-    main, side = torch.cuda.current_stream(), torch.cuda.Stream()
+    main, side, keep_stream, probe_stream = (torch.cuda.current_stream(), torch.cuda.Stream(), torch.cuda.Stream(),
+                                             torch.cuda.Stream())
     classes = ((24, 40), (50, 70), (12, 30), (90, 120), (30, 60), (8, 16))
     keep: list[Any] = []
     rec.mark("start")
     for step in range(36):
         lo, hi = classes[step // 6]
         with torch.cuda.stream(side if step % 5 == 4 else main):
-            batch = [_try_empty(rng.randint(lo, hi) * MiB + rng.randrange(4096)) for _ in range(rng.randint(3, 6))]
-            if step % 4 == 0:
-                keep.append(_try_empty(rng.choice((6, 18, 33)) * MiB))
-                if len(keep) > 5:
-                    keep.pop(0)
-            del batch
+            batch = [_empty(rng.randint(lo, hi) * MiB + rng.randrange(4096)) for _ in range(rng.randint(3, 6))]
+        if step % 4 == 0:
+            with torch.cuda.stream(keep_stream):
+                keep.append(_empty(rng.choice((6, 18, 33)) * MiB))
+            if len(keep) > 5:
+                keep.pop(0)
+        del batch
         if step % 6 == 5:
             torch.cuda.synchronize()
-            _probe(rng.choice((500, 640, 780, 900)) * MiB)
+            with torch.cuda.stream(probe_stream):
+                _probe(rng.choice((400, 520, 640, 760)) * MiB)
             rec.mark(f"class{step // 6 + 1}")
     keep.clear()
     torch.cuda.empty_cache()
@@ -278,13 +272,13 @@ def _mempools_two_program(rec: _Recorder, probes: tuple[int, ...]) -> None:
         with torch.cuda.use_mem_pool(p1):
             if a and rng.random() < 0.4:
                 a.pop(rng.randrange(len(a)))
-            a.append(_try_empty(rng.choice((2, 5, 16, 33, 70)) * MiB + rng.randrange(8192)))
+            a.append(_empty(rng.choice((2, 5, 16, 33)) * MiB + rng.randrange(8192)))
         with torch.cuda.stream(side), torch.cuda.use_mem_pool(p2):
             if b and rng.random() < 0.4:
                 b.pop(rng.randrange(len(b)))
-            b.append(_try_empty(rng.choice((1, 4, 12, 50)) * MiB + rng.randrange(8192)))
+            b.append(_empty(rng.choice((1, 4, 12, 24)) * MiB + rng.randrange(8192)))
         if i % 10 == 9:
-            base.append(_try_empty(rng.choice((6, 26)) * MiB))   # the default pool meanwhile
+            base.append(_empty(rng.choice((6, 26)) * MiB))   # the default pool meanwhile
     torch.cuda.synchronize()
     rec.mark("phase")
     survivor = a[-1]
@@ -321,7 +315,7 @@ def _c_mempools_two(rec: _Recorder) -> None:
 
 def _c_mempools_two_capped(rec: _Recorder) -> None:
     """The two-pool program under a 1.5 GiB cap, with probes near what the live pools leave."""
-    _mempools_two_program(rec, (700, 900, 1000, 1100, 1250))
+    _mempools_two_program(rec, (500, 700, 850, 1000, 1150))
 
 
 def _c_compiled_infer(rec: _Recorder) -> None:
