@@ -31,7 +31,7 @@ from typing import Any, Sequence
 
 from .engine import DEFAULT_POOL, Engine, EngineOutOfMemory
 from .run import (R_ALLOC, R_EMPTY, R_FREE_DONE, R_FREE_REQ, R_FREEABLE, R_RESTORE, R_RETRY,  # noqa: F401
-                  Run, _finish, _no_gc)
+                  Run, _addresses, _finish, _no_gc)
 from .rules import SMALL_SIZE, get_allocation_size
 from .trace import (ALLOC, FREE_DONE, FREE_REQ, OOM, SEG_ALLOC, SEG_FREE, SEG_MAP, SEG_UNMAP, SNAPSHOT, Trace,
                     starting_state)
@@ -75,6 +75,7 @@ class _Replayer:
         self.restores = 0                    # blocks placed by a pool checkpoint (CUDA-graph trees)
         self.forced = forced or {}           # event index -> pool, for a new segment (see replay())
         self.decisions: list[tuple[int, list[tuple[int, int]], int]] = []
+        self.made: list[tuple[int, int, int]] = []   # (base, end, decision) of segments a choice placed
         self.peak_reserved, self.peak_event = -1, 0
         self.segment_log: list[tuple[str, int, int]] = []   # the driver's view: cudaMalloc / cudaFree / new range
         self.stop_at: int | None = None
@@ -354,8 +355,10 @@ class _Replayer:
         could would have), the stream's last pool first; replay() backtracks over them."""
         first = self.stream_pool.get(stream, DEFAULT_POOL)
         cands = []
+        freeable = self.engine.freeable     # no request goes to a pool that nothing holds any more
         for p in [first, DEFAULT_POOL] + self.private[::-1] + [_NEW]:
-            if p not in cands and (p == _NEW or not self._could_serve(p, size, stream, small, code)):
+            if p not in cands and p not in freeable and (p == _NEW or not self._could_serve(p, size, stream, small,
+                                                                                            code)):
                 cands.append(p)
         choice = self.forced.get(i)
         k = cands.index(choice) if choice in cands else 0
@@ -401,7 +404,13 @@ class _Replayer:
             else:
                 known = next((s["pool_id"] for s in self.trace.segments
                               if s["is_expandable"] and lo <= s["address"] < hi), None)
-            pool = known if known is not None else self._choose_pool(i, size, stream, small, ev[j][0])
+            if known is not None:
+                pool = known
+            else:
+                n_dec = len(self.decisions)
+                pool = self._choose_pool(i, size, stream, small, ev[j][0])
+                if len(self.decisions) > n_dec:
+                    self.made.append((lo, hi, n_dec))
         else:
             base = self._containing(addr)
             if base is not None:
@@ -537,7 +546,11 @@ def replay(trace: Trace, *, cap_bytes: int | None = None, total_memory: int | No
         open_ = [k for k, (i, cands, c) in enumerate(r.decisions) if i <= where and c + 1 < len(cands)]
         if not open_:
             break
-        k = open_[-1]
+        # back-jump to the choice that placed a segment the mismatch is about, if any
+        addrs = _addresses(run.first_mismatch)
+        suspects = {k for lo, hi, k in r.made if any(lo <= a < hi for a in addrs)} & set(open_)
+        # the earliest: the choices after it are made again, following it (a stream keeps its pool)
+        k = min(suspects) if suspects else open_[-1]
         forced = {i: cands[c] for i, cands, c in r.decisions[:k]}
         i, cands, c = r.decisions[k]
         forced[i] = cands[c + 1]
@@ -552,6 +565,11 @@ def replay(trace: Trace, *, cap_bytes: int | None = None, total_memory: int | No
         if any(q[0] in (R_ALLOC, R_RESTORE) and q[4] != DEFAULT_POOL for q in run.requests) or \
                 any(s["pool_id"] != DEFAULT_POOL for s in trace.segments):
             best.alternatives = _alternatives(trace, cap, total, r.decisions, t0)
+            # the requests whose pool is open: those placed in a segment a choice attributed
+            placed = [e[1] for e in trace.events if e[0] == ALLOC]      # request keys follow allocation order
+            first = len(run.initial)
+            best.open_keys = frozenset(first + n for n, a in enumerate(placed)
+                                       if any(lo <= a < hi for lo, hi, _ in r.made))
     return best
 
 

@@ -42,6 +42,7 @@ class Run:
         pool_choices: new segments whose pool the trace left open (replay only).
         alternatives: the request lists of the other pool attributions the whole trace
             agrees with (replay only; found one choice at a time, see replay()).
+        open_keys: the requests placed in segments whose pool was such a choice (replay only).
         restores: blocks a private pool's checkpoint put in place (CUDA-graph trees).
         exact, bound_bytes, uncertain, *_range: a what-if's certainty (what_if()): exact when
             nothing the snapshot leaves open can change its answer; else the reasons, the
@@ -70,6 +71,7 @@ class Run:
     segment_log: list[tuple[str, int, int]] = dataclasses.field(default_factory=list)
     pool_choices: int = 0
     alternatives: list[list[tuple]] = dataclasses.field(default_factory=list)
+    open_keys: frozenset = frozenset()
     restores: int = 0
     exact: bool | None = None
     bound_bytes: int = 0
@@ -118,3 +120,21 @@ class _no_gc:
     def __exit__(self, *exc: Any) -> None:
         if self.was:
             gc.enable()
+
+
+def _addresses(mismatch: dict[str, Any]) -> set[int]:
+    """The addresses a mismatch is about: those in what was expected or got but not in both."""
+    def walk(x: Any, out: set) -> set:
+        if isinstance(x, bool):
+            return out
+        if isinstance(x, int):
+            out.add(x)
+        elif isinstance(x, (list, tuple)):
+            if len(x) == 3 and isinstance(x[0], str):
+                out.add(x[1])
+            else:
+                for y in x:
+                    walk(y, out)
+        return out
+    want, got = walk(mismatch.get("expected"), set()), walk(mismatch.get("got"), set())
+    return (want ^ got) or (want | got)

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 from .engine import Engine, EngineOutOfMemory
 from .replay import (R_ALLOC, R_EMPTY, R_FREE_DONE, R_FREE_REQ, R_FREEABLE, R_RESTORE, R_RETRY, Run, _finish,
                      _no_gc)
-from .rules import SMALL_BUFFER, AllocatorConfig, get_allocation_size
+from .rules import LARGE_BUFFER as LARGE_PAGE, SMALL_BUFFER, AllocatorConfig, get_allocation_size
 
 
 def what_if(base: Run, config: AllocatorConfig, settings: str, *, cap_bytes: int | None = None,
@@ -37,13 +37,18 @@ def what_if(base: Run, config: AllocatorConfig, settings: str, *, cap_bytes: int
       blocks of different segments was decided by them (``Engine.address_ties``): the what-if
       is run again with the opposite address order;
     * "pool checkpoint restores": CUDA-graph trees put blocks where a checkpoint held them;
-      a what-if places them by best fit, and is run again without them.
+      a what-if places them by best fit, and is run again without them;
+    * "lifetime of requests that failed in the recording": a request that ran out of memory
+      on the GPU but fits here is freed at once (as a probe is); the program may have kept it:
+      run again with such blocks kept to the end.
 
-    ``run.peak_reserved_range_bytes``, ``final_reserved_range_bytes`` and ``oom_events_range``
-    span the answers of those runs (widened by the timing bytes); ``run.bound_bytes`` is the
-    most the peak or final reserved bytes may be off by (0 when exact). This bound is what the
-    doctor can compute from one snapshot; tests/test_doctor_cases.py checks it against the
-    GPU's own runs under each setting.
+    ``run.bound_bytes`` is the most the peak or final reserved bytes may be off by (0 when
+    exact): the largest difference between the answers of those runs, plus the timing bytes,
+    and for pool attribution at least the bytes the open requests held at once (rounded up to
+    20 MiB). ``run.peak_reserved_range_bytes`` and ``final_reserved_range_bytes`` are the answer
+    ± that bound; ``oom_events_range`` spans the OOM counts of those runs. The bound is what the
+    doctor can compute from one snapshot, not a proof: tests/test_doctor_cases.py checks it
+    against the GPU's own runs under each setting.
 
     Returns:
         (the Run, the engine after the last request processed; ``stop_at`` stops after that
@@ -63,10 +68,14 @@ def _certainty(run: Run, eng: Engine, base: Run, config: AllocatorConfig, settin
     timing = getattr(run, "_timing_bytes", 0)
     if timing:
         uncertain.append("record_stream completion timing")
+    attribution = 0
     if base.alternatives:
         uncertain.append("pool attribution")
         others += [_run_requests(base, reqs, config, settings, cap_bytes, total_memory, None)[0]
                    for reqs in base.alternatives]
+        # requests of a pool the trace leaves open share, or do not share, cached blocks with
+        # another pool's: at most the bytes they held at once, rounded up to a large page
+        attribution = -(-getattr(run, "_open_bytes", 0) // LARGE_PAGE) * LARGE_PAGE
     if eng.address_ties:
         uncertain.append("driver address order")
         others.append(_run_requests(base, base.requests, config, settings, cap_bytes, total_memory, None,
@@ -75,16 +84,20 @@ def _certainty(run: Run, eng: Engine, base: Run, config: AllocatorConfig, settin
         uncertain.append("pool checkpoint restores")
         others.append(_run_requests(base, [r for r in base.requests if r[0] != R_RESTORE], config, settings,
                                     cap_bytes, total_memory, None)[0])
+    if getattr(run, "_retries_fit", 0):
+        # it failed on the GPU, so the trace does not say how long the program would have kept it
+        uncertain.append("lifetime of requests that failed in the recording")
+        others.append(_run_requests(base, base.requests, config, settings, cap_bytes, total_memory, None,
+                                    keep_retries=True)[0])
     runs = [run] + others
     dev = max(max(abs(o.peak_reserved_bytes - run.peak_reserved_bytes),
                   abs(o.final_reserved_bytes - run.final_reserved_bytes)) for o in runs)
     run.exact = not uncertain
     run.uncertain = uncertain
-    run.bound_bytes = dev + timing
-    peaks = [o.peak_reserved_bytes for o in runs]
-    finals = [o.final_reserved_bytes for o in runs]
-    run.peak_reserved_range_bytes = (max(0, min(peaks) - timing), max(peaks) + timing)
-    run.final_reserved_range_bytes = (max(0, min(finals) - timing), max(finals) + timing)
+    run.bound_bytes = max(dev, attribution) + timing
+    bound = run.bound_bytes
+    run.peak_reserved_range_bytes = (max(0, run.peak_reserved_bytes - bound), run.peak_reserved_bytes + bound)
+    run.final_reserved_range_bytes = (max(0, run.final_reserved_bytes - bound), run.final_reserved_bytes + bound)
     ooms = [o.oom_events for o in runs]
     run.oom_events_range = (min(ooms), max(ooms))
 
@@ -125,7 +138,7 @@ class _DriverSync:
 
 def _run_requests(base: Run, requests: Sequence[tuple], config: AllocatorConfig, settings: str,
                   cap_bytes: int | None, total_memory: int, stop_at: int | None,
-                  address_order: str = "down") -> tuple[Run, Engine]:
+                  address_order: str = "down", keep_retries: bool = False) -> tuple[Run, Engine]:
     eng = Engine(config, cap_bytes=cap_bytes, total_memory=total_memory, address_order=address_order)
     # The driver picks segment addresses from the history of cudaMalloc and cudaFree calls.
     # While the what-if makes the same calls as the GPU's run, in the same order, it takes
@@ -144,7 +157,8 @@ def _run_requests(base: Run, requests: Sequence[tuple], config: AllocatorConfig,
     malloc, free_req, free_done, empty = eng.malloc, eng.free_requested, eng.free_completed, eng.empty_cache
     is_pending = eng.is_pending
     alloc_a, res_a = run.allocated, run.reserved
-    timing = 0
+    timing = retries_fit = 0
+    open_keys, open_live, open_peak = base.open_keys, 0, 0
     for k, r in enumerate(requests):
         if stop_at is not None and k >= stop_at:
             break
@@ -153,13 +167,18 @@ def _run_requests(base: Run, requests: Sequence[tuple], config: AllocatorConfig,
             timing = max(timing, _pending_bound(eng))
         if kind == R_ALLOC or kind == R_RESTORE:
             try:
-                blocks[r[1]] = malloc(r[2], r[3], r[4])
+                blocks[r[1]] = b = malloc(r[2], r[3], r[4])
+                if open_keys and r[1] in open_keys:
+                    open_live += b.size
+                    open_peak = max(open_peak, open_live)
             except EngineOutOfMemory:
                 run.oom_requests.append((k, r[2]))
         elif kind == R_FREE_REQ:
             b = blocks.get(r[1])
             if b is not None:
                 free_req(b)
+                if open_keys and r[1] in open_keys:
+                    open_live -= b.size
         elif kind == R_FREE_DONE:
             b = blocks.pop(r[1], None)
             # a sync of this what-if's own out-of-memory path may have completed it already
@@ -172,8 +191,10 @@ def _run_requests(base: Run, requests: Sequence[tuple], config: AllocatorConfig,
         elif kind == R_RETRY:  # a request that failed on the GPU: try it, and drop it at once if it fits
             try:
                 b = malloc(r[1], r[2], r[3])
-                free_req(b)
-                free_done(b)
+                retries_fit += 1
+                if not keep_retries:
+                    free_req(b)
+                    free_done(b)
             except EngineOutOfMemory:
                 run.oom_requests.append((k, r[1]))
         if sync.on and eng.events:
@@ -182,6 +203,8 @@ def _run_requests(base: Run, requests: Sequence[tuple], config: AllocatorConfig,
         res_a.append(eng.reserved_bytes)
     run.events_replayed = len(alloc_a)
     run._timing_bytes = timing  # type: ignore[attr-defined]
+    run._open_bytes = open_peak  # type: ignore[attr-defined]
+    run._retries_fit = retries_fit  # type: ignore[attr-defined]
     _finish(run, eng)
     return run, eng
 
