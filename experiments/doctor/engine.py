@@ -58,7 +58,7 @@ class EngineOutOfMemory(RuntimeError):
 class Block:
     """A contiguous range of one segment; ``allocated`` or free, ``mapped`` unless expandable."""
 
-    __slots__ = ("addr", "size", "requested", "seg", "prev", "next", "allocated", "mapped", "gc_base")
+    __slots__ = ("addr", "size", "requested", "seg", "prev", "next", "allocated", "mapped", "gc_base", "pending")
 
     def __init__(self, addr: int, size: int, seg: "Segment", prev: "Block | None" = None,
                  next: "Block | None" = None, mapped: bool = True):
@@ -68,6 +68,7 @@ class Block:
         self.allocated = False
         self.mapped = mapped
         self.gc_base = 0
+        self.pending = False      # freed, its record_stream events not done yet
 
 
 class Segment:
@@ -101,7 +102,11 @@ class _FreeList:
     def remove(self, b: Block) -> None:
         keys = self.keys
         i = bisect_left(keys, (b.size, b.addr))
-        if i == len(keys) or keys[i][1] != b.addr or self.blocks.get(b.addr) is not b:
+        try:
+            found = keys[i][1] == b.addr
+        except IndexError:
+            found = False
+        if not found:
             raise AssertionError(f"block at {b.addr:#x} ({b.size} B) is not in its free list")
         del keys[i]
         del self.blocks[b.addr]
@@ -194,7 +199,7 @@ class Engine:
         self._free: dict[tuple[tuple[int, int], bool, int], _FreeList] = {}
         self._segments: dict[int, Segment] = {}         # by base address
         self._ranges: dict[tuple[tuple[int, int], bool, int], list[Segment]] = {}
-        self._pending: dict[Block, None] = {}           # freed, waiting on record_stream events
+        self.pending_count = 0                          # blocks freed, waiting on record_stream events
         self._addresses = deque(addresses)
         self._space = _AddressSpace(address_order == "down")
         self._gc_calls = 0                              # get_free_block calls on the default large pool
@@ -256,19 +261,26 @@ class Engine:
         if not block.allocated:
             raise ValueError(f"block at {block.addr:#x} is not allocated")
         block.allocated = False
+        block.pending = True
+        self.pending_count += 1
         self.allocated_bytes -= block.size
-        self._pending[block] = None
 
-    def is_pending(self, block: Block) -> bool:
+    @staticmethod
+    def is_pending(block: Block) -> bool:
         """Whether ``block`` was freed and still waits for :meth:`free_completed`."""
-        return block in self._pending
+        return block.pending
 
-    def free_completed(self, block: Block) -> None:
-        """The block's events are done (``process_events``, or a sync): ``free_block``."""
-        if self.events:
-            self.events = []
-        del self._pending[block]
-        self.free_block(block)
+    def pending_blocks(self) -> list[Block]:
+        """The blocks freed and still waiting for :meth:`free_completed`, by address."""
+        out = []
+        for seg in sorted(self._segments.values(), key=lambda s: s.addr):
+            b = seg.head
+            while b is not None:
+                if b.pending:
+                    out.append(b)
+                b = b.next
+        return out
+
 
     def empty_cache(self, pool_id: tuple[int, int] = DEFAULT_POOL) -> None:
         """``torch.cuda.empty_cache()`` (C++ ``emptyCache``), or with a private ``pool_id`` the
@@ -321,12 +333,13 @@ class Engine:
         (a fixed 20 MiB before torch 2.6, §A.6). Only the first candidate is looked at.
         """
         keys = fl.keys
+        n = len(keys)
         i = bisect_left(keys, (size, 0))
-        if i == len(keys):
+        if i == n:
             return None
         b = fl.blocks[keys[i][1]]
         if self._plain and not b.seg.expandable:
-            if i + 1 == len(keys) or keys[i + 1][0] != b.size:
+            if i + 1 == n or keys[i + 1][0] != b.size:
                 return b
             return self._tie(fl, i, b)
         if b.seg.expandable:
@@ -394,7 +407,9 @@ class Engine:
         takes the low end, the remainder stays free in the same pool (C++ ``alloc_found_block``,
         RULES.md §A.7)."""
         remaining = block.size - size
-        if should_split(block.size, size, "small" if block.seg.small else "large", self.config):
+        # (no rule splits off less than 512 B: an exact fit skips the call)
+        if remaining >= MIN_BLOCK_SIZE and should_split(block.size, size, "small" if block.seg.small else "large",
+                                                        self.config):
             rest = Block(block.addr + size, remaining, block.seg, block, block.next)
             if block.next is not None:
                 block.next.prev = rest
@@ -483,18 +498,28 @@ class Engine:
     # ------------------------------------------------------------------ free
 
     def free_block(self, block: Block) -> None:
-        """Return a freed block to its pool, merged with its free neighbours (C++ ``free_block``,
-        RULES.md §A.8); its age for the garbage collector starts now (``insert_into_blocks``)."""
+        """Return a freed block whose events are done to its pool, merged with its free
+        neighbours (C++ ``free_block``, RULES.md §A.8); its age for the garbage collector starts
+        now (``insert_into_blocks``). :meth:`free_completed` is this, for a trace's
+        free_completed entry (after ``process_events`` or a sync)."""
+        if self.events:
+            self.events = []
+        if not block.pending:
+            raise ValueError(f"block at {block.addr:#x} was not freed, or its free completed already")
+        block.pending = False
+        self.pending_count -= 1
         self.active_bytes -= block.size
         seg = block.seg
         self.try_merge_blocks(self._free[(seg.pool_id, seg.small, seg.stream)], block)
+
+    free_completed = free_block
 
     def try_merge_blocks(self, fl: _FreeList, block: Block) -> None:
         """Absorb the free neighbours of ``block`` (same segment, both mapped or both not, not
         waiting on events: those are out of the free list) and cache the result (C++
         ``try_merge_blocks`` on prev and next, then ``insert_into_blocks``)."""
         prev, nxt = block.prev, block.next
-        if prev is not None and prev.mapped and fl.blocks.get(prev.addr) is prev:
+        if prev is not None and not prev.allocated and prev.mapped and fl.blocks.get(prev.addr) is prev:
             fl.remove(prev)
             block.addr, block.size = prev.addr, block.size + prev.size
             block.prev = prev.prev
@@ -502,7 +527,7 @@ class Engine:
                 prev.prev.next = block
             else:
                 block.seg.head = block
-        if nxt is not None and nxt.mapped and fl.blocks.get(nxt.addr) is nxt:
+        if nxt is not None and not nxt.allocated and nxt.mapped and fl.blocks.get(nxt.addr) is nxt:
             fl.remove(nxt)
             block.size += nxt.size
             block.next = nxt.next
@@ -516,11 +541,10 @@ class Engine:
         given) and free those blocks (C++ ``synchronize_and_free_events``, RULES.md §B.1): in
         ``empty_cache`` and before the out-of-memory retry."""
         self.num_sync_all_streams += 1
-        for block in list(self._pending):
-            if block.allocated or (pool_id is not None and block.seg.pool_id != pool_id):
-                continue
-            del self._pending[block]
-            self.free_block(block)
+        if self.pending_count:
+            for block in self.pending_blocks():
+                if pool_id is None or block.seg.pool_id == pool_id:
+                    self.free_block(block)
 
     # ------------------------------------------------------------------ giving memory back
 

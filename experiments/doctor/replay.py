@@ -10,13 +10,15 @@ reserved bytes agree. Where it cannot follow, it stops and says which event and 
 Things a trace does not say, and how they are recovered:
 
 * ``empty_cache`` leaves no event of its own: a run of segment_free / segment_unmap events
-  that the allocator's malloc path did not make is one ``empty_cache`` (of the pools whose
-  segments it released), placed before the next request.
-* Which private pool (MemPool, CUDA graph) a request was routed to: a segment alive at the
-  end carries its ``segment_pool_id``; a request landing in a known segment belongs to its
-  pool; a new segment that the default pool would not have needed (it had a cached block
-  that fits) belongs to a private pool, which the doctor names (-1, n) when the snapshot no
-  longer lists it.
+  that the allocator's malloc path did not make (the garbage collector's releases and the
+  out-of-memory path's are malloc's: the engine predicts them) is one ``empty_cache``:
+  ``torch.cuda.empty_cache()``, or a deleted MemPool's release of its own pool; a private
+  pool is freeable (nothing holds it) from its first release on.
+* Which pool (default, MemPool, CUDA graph) a request was routed to: see
+  :mod:`experiments.doctor.attribution` (choices, backtracking, alternatives).
+* Blocks that CUDA-graph trees put back where a pool checkpoint held them
+  (``setSegmentStateToCheckpoint``), not where best fit would: a private pool's request for
+  a block's exact size at the start of a free block of that pool.
 * Blocks allocated before recording began: their segments and blocks are rebuilt from the
   frees of unknown blocks, the releases of unknown segments and the final state.
 
@@ -25,13 +27,13 @@ The request list a replay recovers (:attr:`Run.requests`) is what
 """
 from __future__ import annotations
 
-import time
 from bisect import bisect_right, insort
 from typing import Any, Sequence
 
+from .attribution import NEW as _NEW, alternatives, search
 from .engine import DEFAULT_POOL, Engine, EngineOutOfMemory
 from .run import (R_ALLOC, R_EMPTY, R_FREE_DONE, R_FREE_REQ, R_FREEABLE, R_RESTORE, R_RETRY,  # noqa: F401
-                  Run, _addresses, _finish, _no_gc)
+                  Run, _finish, _no_gc)
 from .rules import SMALL_SIZE, get_allocation_size
 from .trace import (ALLOC, FREE_DONE, FREE_REQ, OOM, SEG_ALLOC, SEG_FREE, SEG_MAP, SEG_UNMAP, SNAPSHOT, Trace,
                     starting_state)
@@ -51,7 +53,6 @@ def _fmt_events(evs: Sequence[tuple[Any, int, int]]) -> list[list[Any]]:
     return [[_SEG_NAMES.get(a, a), addr, size] for a, addr, size in evs]
 
 
-_NEW = (-1, -1)          # a decision for "a private pool the trace has not shown yet"
 
 
 class _Replayer:
@@ -69,7 +70,6 @@ class _Replayer:
         self.next_key = 0
         self.requests: list[tuple] = []
         self.trace_reserved = 0
-        self.stream_pool: dict[int, tuple[int, int]] = {}   # the pool each stream's last request went to
         self.private: list[tuple[int, int]] = []            # private pools seen, oldest first
         self.inferred = 0
         self.restores = 0                    # blocks placed by a pool checkpoint (CUDA-graph trees)
@@ -91,6 +91,8 @@ class _Replayer:
         return None
 
     def _add_base(self, base: int, size: int, pool: tuple[int, int]) -> None:
+        if pool == DEFAULT_POOL:
+            pool = DEFAULT_POOL             # the one object: the fast path tests it by identity
         insort(self.bases, base)
         self.seg_end[base] = base + size
         self.seg_pool[base] = pool
@@ -138,14 +140,13 @@ class _Replayer:
         alloc_a, res_a = run.allocated, run.reserved
         put_a, put_r = alloc_a.append, res_a.append
         live, pending, keys = self.live, self.pending, self.keys
-        bases, seg_end, seg_pool, stream_pool = self.bases, self.seg_end, self.seg_pool, self.stream_pool
+        bases, seg_end, seg_pool = self.bases, self.seg_end, self.seg_pool
         malloc, free_req, free_done = eng.malloc, eng.free_requested, eng.free_completed
         i = 0
         try:
             run.initial = self._seed()
             stop = n if self.stop_at is None else min(n, self.stop_at)
-            for i in range(stop):
-                code, addr, size, stream = ev[i]
+            for i, (code, addr, size, stream) in enumerate(ev if stop == n else ev[:stop]):
                 if code == FREE_REQ:
                     if buf:
                         self._flush_empty(i, buf)
@@ -172,7 +173,7 @@ class _Replayer:
                         k = bisect_right(bases, addr) - 1
                         pool = seg_pool[bases[k]] if k >= 0 and addr < seg_end[bases[k]] else DEFAULT_POOL
                         eng.address_hook = None
-                        if pool != DEFAULT_POOL and eng.checkpointed_block(addr, size, stream, pool) is not None:
+                        if pool is not DEFAULT_POOL and eng.checkpointed_block(addr, size, stream, pool) is not None:
                             self._restore(i, addr, size, stream, pool)
                             put_a(eng.allocated_bytes)
                             put_r(eng.reserved_bytes)
@@ -191,7 +192,6 @@ class _Replayer:
                         keys[addr] = key
                         self.next_key = key + 1
                         reqs.append((R_ALLOC, key, size, stream, pool))
-                        stream_pool[stream] = pool
                 elif code <= SEG_UNMAP:
                     buf.append(i)
                     self.trace_reserved += size if code == SEG_ALLOC or code == SEG_MAP else -size
@@ -353,7 +353,7 @@ class _Replayer:
         """The pool of a request that made a new segment or range the final state does not name.
         Candidates are the pools that could not serve it from their cached blocks (one that
         could would have), the stream's last pool first; replay() backtracks over them."""
-        first = self.stream_pool.get(stream, DEFAULT_POOL)
+        first = self._stream_pool(stream)
         cands = []
         freeable = self.engine.freeable     # no request goes to a pool that nothing holds any more
         for p in [first, DEFAULT_POOL] + self.private[::-1] + [_NEW]:
@@ -415,7 +415,6 @@ class _Replayer:
             base = self._containing(addr)
             if base is not None:
                 pool = self.seg_pool[base]
-        self.stream_pool[stream] = pool
         expected = [ev[j] for j in buf]
 
         def address(_size: int) -> int | None:
@@ -449,7 +448,6 @@ class _Replayer:
         self.live[addr] = blk
         self.keys[addr] = self.next_key
         self.requests.append((R_RESTORE, self.next_key, size, stream, pool))
-        self.stream_pool[stream] = pool
         self.next_key += 1
         self.restores += 1
 
@@ -457,7 +455,15 @@ class _Replayer:
         base = self._containing(addr)
         if base is not None and not creates:
             return self.seg_pool[base]
-        return self.stream_pool.get(stream, DEFAULT_POOL)
+        return self._stream_pool(stream)
+
+    def _stream_pool(self, stream: int) -> tuple[int, int]:
+        # the pool of the stream's last request (a stream keeps its pool while a MemPool or a
+        # capture routes it); looked up only where a choice is made, off the fast path
+        for q in reversed(self.requests):
+            if (q[0] == R_ALLOC or q[0] == R_RESTORE) and q[3] == stream:
+                return q[4]
+        return DEFAULT_POOL
 
     def _could_serve(self, pool: tuple[int, int], size: int, stream: int, small: bool, code: int) -> bool:
         eng = self.engine
@@ -470,7 +476,7 @@ class _Replayer:
     def _oom(self, i: int, buf: list[int], size: int, stream: int) -> None:
         eng = self.engine
         eng.address_hook = None
-        pool = self.stream_pool.get(stream, DEFAULT_POOL)
+        pool = self._stream_pool(stream)
         self._mark_freeable([j for j in buf if self.trace.events[j][0] in (SEG_FREE, SEG_UNMAP)])
         try:
             eng.malloc(size, stream, pool)
@@ -499,21 +505,13 @@ class _Replayer:
                     raise _Mismatch(n, "end", "the final layout differs from the snapshot's segments", w, g)
 
 
-# Backtracking over the pools of new segments: at most this many replays, and this long.
-MAX_REPLAYS = 400
-MAX_SEARCH_S = 30.0
-
-
 def replay(trace: Trace, *, cap_bytes: int | None = None, total_memory: int | None = None,
            stop_at: int | None = None) -> Run:
     """Replay ``trace`` under the settings it was recorded with; check it event by event.
 
-    A trace does not say which pool a request went to. Where a request made a new segment
-    that the final state does not name and more than one pool could have made it (the pools
-    whose cached blocks could not serve it), the replay takes the stream's last pool first;
-    when the trace later contradicts a choice (a block elsewhere, a release that differs, the
-    final layout), it goes back to the latest choice with an untried pool and replays again
-    (depth first; at most ``MAX_REPLAYS`` replays and ``MAX_SEARCH_S`` seconds).
+    Where the trace leaves a new segment's pool open, the replay chooses and, when the trace
+    later contradicts a choice, goes back and replays again
+    (:func:`experiments.doctor.attribution.search`).
 
     Args:
         cap_bytes: the memory cap the program ran under (default: the snapshot's own
@@ -526,74 +524,33 @@ def replay(trace: Trace, *, cap_bytes: int | None = None, total_memory: int | No
     Returns:
         a :class:`Run` whose ``matches_trace`` says whether every segment event, block address
         and reserved-bytes value agreed, and ``first_mismatch`` where not (of the replay that
-        got furthest).
+        got furthest); with ``alternatives`` and ``open_keys`` where pools were left open.
     """
     cap = cap_bytes if cap_bytes is not None else trace.cap_bytes
     total = total_memory or trace.total_memory or 150_109_880_320
-    forced: dict[int, tuple[int, int]] = {}
-    best: Run | None = None
-    t0 = time.perf_counter()
-    for _ in range(MAX_REPLAYS):
+
+    def once(forced: dict[int, tuple[int, int]]) -> _Replayer:
         r = _Replayer(trace, cap, total, forced)
         r.stop_at = stop_at
         with _no_gc():
-            run = r.run()
-        if best is None or run.matches_trace or run.events_replayed > best.events_replayed:
-            best = run
-        if run.matches_trace is not False or time.perf_counter() - t0 > MAX_SEARCH_S:
-            break
-        where = run.first_mismatch["event_index"]
-        open_ = [k for k, (i, cands, c) in enumerate(r.decisions) if i <= where and c + 1 < len(cands)]
-        if not open_:
-            break
-        # back-jump to the choice that placed a segment the mismatch is about, if any
-        addrs = _addresses(run.first_mismatch)
-        suspects = {k for lo, hi, k in r.made if any(lo <= a < hi for a in addrs)} & set(open_)
-        # the earliest: the choices after it are made again, following it (a stream keeps its pool)
-        k = min(suspects) if suspects else open_[-1]
-        forced = {i: cands[c] for i, cands, c in r.decisions[:k]}
-        i, cands, c = r.decisions[k]
-        forced[i] = cands[c + 1]
-    assert best is not None
+            r.result = r.run()
+        return r
+
+    best, last = search(once)
     best.oom_events = sum(1 for e in trace.events if e[0] == OOM)
-    best.restores = r.restores
-    if best is run and run.matches_trace and stop_at is None:
-        best.pool_choices = len(r.decisions)
-        # Other attributions are looked for only where the trace shows private pools at all (a
-        # request that no other pool could have served, or a pool id in the final state):
+    best.restores = last.restores
+    if best is last.result and best.matches_trace and stop_at is None:
+        best.pool_choices = len(last.decisions)
+        # Other attributions are looked for only where the trace shows private pools at all:
         # otherwise every new segment could be a pool of its own, used once, and none is.
-        if any(q[0] in (R_ALLOC, R_RESTORE) and q[4] != DEFAULT_POOL for q in run.requests) or \
-                any(s["pool_id"] != DEFAULT_POOL for s in trace.segments):
-            best.alternatives = _alternatives(trace, cap, total, r.decisions, t0)
+        if last.private:
+            best.alternatives = alternatives(once, last.decisions)
             # the requests whose pool is open: those placed in a segment a choice attributed
             placed = [e[1] for e in trace.events if e[0] == ALLOC]      # request keys follow allocation order
-            first = len(run.initial)
+            first = len(best.initial)
             best.open_keys = frozenset(first + n for n, a in enumerate(placed)
-                                       if any(lo <= a < hi for lo, hi, _ in r.made))
+                                       if any(lo <= a < hi for lo, hi, _ in last.made))
     return best
-
-
-MAX_ALTERNATIVES = 12
-
-
-def _alternatives(trace: Trace, cap: int | None, total: int, decisions: list, t0: float) -> list[list[tuple]]:
-    """Request lists of other pool attributions the whole trace agrees with: each open choice
-    of the replay taken the other way(s), one at a time, the later ones re-decided (a MemPool
-    used for a phase, then deleted, can look like the default pool in every event)."""
-    out: list[list[tuple]] = []
-    for k, (i, cands, c) in enumerate(decisions):
-        for alt in range(len(cands)):
-            if alt == c:
-                continue
-            if len(out) >= MAX_ALTERNATIVES or time.perf_counter() - t0 > MAX_SEARCH_S:
-                return out
-            forced = {i2: cands2[c2] for i2, cands2, c2 in decisions[:k]}
-            forced[i] = cands[alt]
-            with _no_gc():
-                run = _Replayer(trace, cap, total, forced).run()
-            if run.matches_trace:
-                out.append(run.requests)
-    return out
 
 
 __all__ = ["Run", "replay"]

@@ -163,7 +163,7 @@ def _run_requests(base: Run, requests: Sequence[tuple], config: AllocatorConfig,
         if stop_at is not None and k >= stop_at:
             break
         kind = r[0]
-        if eng._pending and (kind == R_ALLOC or kind == R_RESTORE or kind == R_RETRY):
+        if eng.pending_count and (kind == R_ALLOC or kind == R_RESTORE or kind == R_RETRY):
             timing = max(timing, _pending_bound(eng))
         if kind == R_ALLOC or kind == R_RESTORE:
             try:
@@ -214,7 +214,7 @@ def _pending_bound(eng: Engine) -> int:
     # not back yet (or might not need if they were): a segment for each large block, and the
     # small pool's blocks packed into 2 MiB segments.
     large = small = 0
-    for b in eng._pending:
+    for b in eng.pending_blocks():
         if b.seg.small:
             small += b.size
         else:
