@@ -339,7 +339,7 @@ class Engine:
             return None
         b = fl.blocks[keys[i][1]]
         if self._plain and not b.seg.expandable:
-            if i + 1 == n or keys[i + 1][0] != b.size:
+            if not self._synthetic_made or i + 1 == n or keys[i + 1][0] != b.size:
                 return b
             return self._tie(fl, i, b)
         if b.seg.expandable:
@@ -365,7 +365,7 @@ class Engine:
                 return None
             if size >= limit and b.size >= size + self.config.max_non_split_rounding:
                 return None
-        if i + 1 < len(keys) and keys[i + 1][0] == b.size:
+        if self._synthetic_made and i + 1 < len(keys) and keys[i + 1][0] == b.size:
             return self._tie(fl, i, b)
         return b
 
@@ -519,7 +519,7 @@ class Engine:
         waiting on events: those are out of the free list) and cache the result (C++
         ``try_merge_blocks`` on prev and next, then ``insert_into_blocks``)."""
         prev, nxt = block.prev, block.next
-        if prev is not None and not prev.allocated and prev.mapped and fl.blocks.get(prev.addr) is prev:
+        if prev is not None and not prev.allocated and prev.mapped and prev.addr in fl.blocks:
             fl.remove(prev)
             block.addr, block.size = prev.addr, block.size + prev.size
             block.prev = prev.prev
@@ -527,7 +527,7 @@ class Engine:
                 prev.prev.next = block
             else:
                 block.seg.head = block
-        if nxt is not None and not nxt.allocated and nxt.mapped and fl.blocks.get(nxt.addr) is nxt:
+        if nxt is not None and not nxt.allocated and nxt.mapped and nxt.addr in fl.blocks:
             fl.remove(nxt)
             block.size += nxt.size
             block.next = nxt.next
@@ -820,7 +820,8 @@ class Engine:
         b.gc_base = self._gc_calls
         fl.add(b)
 
-    _synthetic = False
+    _synthetic = False          # the address just handed out is the engine's choice
+    _synthetic_made = False     # one was, some time: best-fit ties may depend on it
 
     def _next_address(self, size: int) -> int:
         self._synthetic = False
@@ -830,7 +831,7 @@ class Engine:
                 return addr
         if self._addresses:
             return self._addresses.popleft()
-        self._synthetic = True
+        self._synthetic = self._synthetic_made = True
         addr = self._space.take(size)
         while self.address_hook is not None and not self.is_free_range(addr, size):
             addr = self._space.take(size)   # taken by a segment at a recorded address: skip it
