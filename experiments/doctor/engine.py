@@ -209,6 +209,8 @@ class Engine:
         self._split_limit = config.max_split_size if config.max_split_size is not None else _NO_LIMIT
         self._plain = config.max_split_size is None and not config.expandable_segments
         self._expandable = config.expandable_segments
+        self._synthetic = False          # the address just handed out is the engine's choice
+        self._synthetic_made = False     # one was, some time: best-fit ties may depend on it
         # Called with the size of each new segment or range for its base; None lets the engine choose.
         self.address_hook: Callable[[int], int | None] | None = None
 
@@ -251,7 +253,7 @@ class Engine:
             block = self._malloc_slow(nbytes, size, small, stream, pool_id, fl)
         else:
             fl.remove(block)
-        return self.alloc_found_block(block, size, nbytes, fl)
+        return self.alloc_found_block(block, size, nbytes, fl, "small" if small else "large")
 
     def free_requested(self, block: Block) -> None:
         """The tensor died (C++ ``free``, RULES.md §A.8): its bytes leave ``allocated`` now. The
@@ -401,15 +403,14 @@ class Engine:
             raise EngineOutOfMemory(nbytes, size, alloc, self.allocated_bytes, self.reserved_bytes)
         return block
 
-    def alloc_found_block(self, block: Block, size: int, nbytes: int, fl: _FreeList) -> Block:
+    def alloc_found_block(self, block: Block, size: int, nbytes: int, fl: _FreeList, pool: str) -> Block:
         """Hand ``block`` out for a request of ``nbytes`` (rounded ``size``), splitting off the
-        remainder when :func:`~experiments.doctor.rules.should_split` says so: the allocation
-        takes the low end, the remainder stays free in the same pool (C++ ``alloc_found_block``,
-        RULES.md §A.7)."""
+        remainder when :func:`~experiments.doctor.rules.should_split` says so (``pool``: 'small'
+        or 'large', the half of the pool the block is in): the allocation takes the low end, the
+        remainder stays free in the same pool (C++ ``alloc_found_block``, RULES.md §A.7)."""
         remaining = block.size - size
         # (no rule splits off less than 512 B: an exact fit skips the call)
-        if remaining >= MIN_BLOCK_SIZE and should_split(block.size, size, "small" if block.seg.small else "large",
-                                                        self.config):
+        if remaining >= MIN_BLOCK_SIZE and should_split(block.size, size, pool, self.config):
             rest = Block(block.addr + size, remaining, block.seg, block, block.next)
             if block.next is not None:
                 block.next.prev = rest
@@ -820,8 +821,6 @@ class Engine:
         b.gc_base = self._gc_calls
         fl.add(b)
 
-    _synthetic = False          # the address just handed out is the engine's choice
-    _synthetic_made = False     # one was, some time: best-fit ties may depend on it
 
     def _next_address(self, size: int) -> int:
         self._synthetic = False

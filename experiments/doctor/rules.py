@@ -14,7 +14,6 @@ module imports neither torch, numpy nor matplotlib. Sizes are in bytes throughou
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, Mapping, Sequence
 
 from ..core.units import MiB
@@ -306,5 +305,5 @@ def should_split(block_size: int, rounded: int, pool: str, config: AllocatorConf
         raise ValueError(f"a {block_size}-byte block cannot serve {rounded} bytes")
     if pool == "small" or config.expandable_segments:
         return remaining >= MIN_BLOCK_SIZE
-    limit = config.max_split_size if config.max_split_size is not None else math.inf
-    return rounded < limit and remaining > SMALL_SIZE
+    limit = config.max_split_size
+    return remaining > SMALL_SIZE and (limit is None or rounded < limit)
