@@ -450,7 +450,7 @@ class Engine:
         ``torch.compile(mode="reduce-overhead")`` restore a pool before recording a new graph):
         the free block there is taken whatever best fit says and split when larger (C++
         ``setSegmentStateToCheckpoint``, which calls ``alloc_found_block`` with ``split = block
-        size > checkpointed size``; RULES.md §D.2).
+        size > checkpointed size``; RULES.md §D.2, §A.14).
 
         Raises:
             ValueError: no free block of that pool and stream starts at ``addr`` with room.
@@ -587,8 +587,9 @@ class Engine:
         bytes are above threshold × cap, release whole cached blocks of the default large pool
         whose age (``get_free_block`` calls on that pool since the block was cached) is at
         least the average, round after round (C++ ``garbage_collect_cached_blocks``, RULES.md
-        §A.9). Counting calls against a base stored at insertion is torch 2.5's form; older
-        releases incremented every cached block's count on each call (the same ages)."""
+        §A.9, §A.14). Counting calls against a base stored at insertion is the form of recent
+        releases; older ones incremented every cached block's count on each call (the same
+        ages)."""
         for b in self.garbage_collect_plan():
             self.release_block(self._free[(b.seg.pool_id, b.seg.small, b.seg.stream)], b)
 
@@ -644,7 +645,8 @@ class Engine:
         """Give cached memory back (C++ ``release_cached_blocks``, RULES.md §A.9, §D): for the
         default id (``empty_cache()``, the out-of-memory retry) wait for every pending event,
         release the default pools (large, then small), then every freeable private pool; for
-        a private id (a deleted MemPool) only that pool, once freeable, after its own events."""
+        a private id (a deleted MemPool) only that pool, once freeable, after its own events
+        (RULES.md §A.14)."""
         if pool_id == DEFAULT_POOL:
             self.synchronize_and_free_events()
         elif pool_id in self.freeable:
@@ -713,7 +715,7 @@ class Engine:
         """The lowest block from which free and unmapped blocks add up to ``size``: each
         unmapped block by address, or the free block just before it; else a new range (C++
         ``find_expandable_block``). A block still waiting on ``record_stream`` events is not
-        free here (``event_count > 0``): the room starts after it."""
+        free here (``event_count > 0``): the room starts after it (RULES.md §A.14)."""
         blocks = fl.blocks
         for addr in sorted(fl.unmapped):
             u = fl.unmapped[addr]
