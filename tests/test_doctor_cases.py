@@ -268,3 +268,22 @@ def test_the_earlier_recordings_stay_exact():
         run = replay(read(r))
         assert run.matches_trace, (r["settings"], run.first_mismatch)
         assert run.final_reserved_bytes == r["final"]["reserved_bytes.all.current"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("setting", ["", "expandable_segments:True"])
+def test_live_record_stream_pages_case_replays_exactly_on_this_gpu(setting):
+    """prefetch_pages (buffers that fill expandable pages, freed while their record_stream
+    events are pending) run live in a fresh process: the doctor replays it exactly, and its
+    expandable what-if from the default run runs (the crash of issue 17)."""
+    from experiments.core.runner import run_fresh
+
+    value = run_fresh("experiments.allocator.doctor_cases:case_worker", {"case": "prefetch_pages"},
+                      alloc_conf_settings=setting or None, timeout_s=300).unwrap()
+    trace = read(value)
+    run = replay(trace)
+    assert run.matches_trace, run.first_mismatch
+    assert run.final_reserved_bytes == value["final"]["reserved_bytes.all.current"]
+    w, _ = what_if(run, AllocatorConfig.from_settings("expandable_segments:True"), "expandable_segments:True",
+                   total_memory=trace.total_memory)
+    assert w.peak_reserved_bytes >= run.final_reserved_bytes

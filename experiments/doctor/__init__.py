@@ -5,14 +5,17 @@ A tool package of its own, beside the chapters: it imports neither torch, numpy 
 (the figure imports matplotlib when it is drawn), so it runs on a laptop, in CI and in the
 browser. Chapter 1 imports it; it imports no chapter. Its modules, in the order data flows:
 
-* :mod:`.rules` — the caching allocator's rules, one function per C++ function they follow;
-  the rules file they cite ships beside them (``RULES.md``);
-* :mod:`.engine` — the allocator of one device built on those rules (streams, private pools,
-  a cap and the out-of-memory path, expandable segments);
+* :mod:`.rules` — the caching allocator's size rules, one function per C++ function they
+  follow; the rules file they cite ships beside them (``RULES.md``);
+* :mod:`.engine` — the allocator of one device, one method per C++ function of
+  ``DeviceCachingAllocator`` (streams, private pools, a cap and the out-of-memory path,
+  expandable segments), calling those rules;
 * :mod:`.trace` — reading a snapshot (``_dump_snapshot`` pickle or the compact JSON form)
   into a normalised trace, with a restricted loader that runs no code;
 * :mod:`.replay` — the exact replay, checked event by event against the trace;
-* :mod:`.whatif` — the same requests under other settings or a cap;
+  :mod:`.attribution` — which pool each request went to (the choices a trace leaves open);
+  :mod:`.run` — the outcome of a replay or what-if and the request list they share;
+* :mod:`.whatif` — the same requests under other settings or a cap, exact or bounded;
 * :mod:`.report` — :func:`doctor` and its :class:`Report`; :mod:`.figure` draws it;
 * :mod:`.cli` — ``python -m experiments doctor``.
 """
