@@ -201,12 +201,12 @@ class Engine:
             fl = self._list(pool_id, small, stream)
         if self._gc_counting and pool_id == DEFAULT_POOL and not small:
             self._gc_calls += 1
-        block = self._peek(fl, size)
-        if block is not None:
-            # fl.remove(block), inlined: this is the hot path of every replay
+        i = self._peek_index(fl, size)
+        if i >= 0:
+            # fl.remove(block) by the index get_free_block found: the hot path of every replay
             keys = fl.keys
-            del keys[bisect_left(keys, (block.size, block.addr))]
-            del fl.blocks[block.addr]
+            block = fl.blocks.pop(keys[i][1])
+            del keys[i]
         else:
             block = self._alloc_path(nbytes, size, small, stream, pool_id, fl)
         remaining = block.size - size
@@ -334,20 +334,27 @@ class Engine:
         fl.add(b)
 
     def _peek(self, fl: _FreeList, size: int) -> Block | None:
+        """get_free_block: the cached block that serves ``size`` (None if none)."""
+        i = self._peek_index(fl, size)
+        return None if i < 0 else fl.blocks[fl.keys[i][1]]
+
+    def _peek_index(self, fl: _FreeList, size: int) -> int:
+        """get_free_block, as the block's index in ``fl.keys`` (-1 if none): malloc removes it
+        by that index without searching again."""
         keys = fl.keys
         i = bisect_left(keys, (size, 0))
         if i == len(keys):
-            return None
+            return -1
         b = fl.blocks[keys[i][1]]
         if self._split_limit_none and not b.seg.expandable:
-            return b
+            return i
         if b.seg.expandable:
             if not self.config.expandable_segments:
                 # Expandable blocks are skipped when the setting is off (RULES.md §A.13).
                 while i < len(keys) and fl.blocks[keys[i][1]].seg.expandable:
                     i += 1
                 if i == len(keys):
-                    return None
+                    return -1
                 b = fl.blocks[keys[i][1]]
             else:
                 # Prefer a block whose "expandable size" is smaller, keeping the growing end free.
@@ -363,10 +370,10 @@ class Engine:
         limit = self.config.max_split_size
         if limit is not None:
             if size < limit and b.size >= limit:
-                return None
+                return -1
             if size >= limit and b.size >= size + self.config.max_non_split_rounding:
-                return None
-        return b
+                return -1
+        return i
 
     def _alloc_path(self, nbytes: int, size: int, small: bool, stream: int, pool_id: tuple[int, int],
                     fl: _FreeList) -> Block:
