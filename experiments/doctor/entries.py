@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 import struct
 from array import array
+from bisect import bisect_right
 from operator import methodcaller
 from typing import Any, Iterator
 
@@ -66,12 +67,20 @@ class Rows:
 
     __slots__ = ("codes", "addrs", "sizes", "streams", "stacks", "unknown", "stack_table")
 
+    def add_stacks(self, sids: Any) -> None:
+        """The stack ids of the rows just added (the last ``len(sids)``); -1 for none."""
+        if self.stacks is None:
+            if not any(s >= 0 for s in sids):
+                return
+            self.stacks = array("i", [-1]) * (len(self.codes) - len(sids))
+        self.stacks.extend(sids)
+
     def __init__(self, stack_table: list[Any] | None = None) -> None:
         self.codes = array("B")
         self.addrs = array("q")
         self.sizes = array("q")
         self.streams = array("q")
-        self.stacks = array("l")
+        self.stacks: array | None = None      # made at the first row with a stack (-1: none)
         self.unknown: dict[int, str] = {}
         self.stack_table = stack_table if stack_table is not None else []
 
@@ -92,7 +101,7 @@ class Rows:
         action = self.action(i)
         out: dict[str, Any] = {"action": action, "device_free" if self.codes[i] == OOM_CODE else "addr": self.addrs[i],
                                "size": self.sizes[i], "stream": self.streams[i]}
-        s = self.stacks[i]
+        s = self.stacks[i] if self.stacks is not None else -1
         out["frames"] = [dict(zip(("filename", "line", "name"), f)) for f in self.stack_table[s]] if s >= 0 else []
         return out
 
@@ -101,7 +110,7 @@ class Rows:
 
     def frames(self, i: int) -> list[tuple[str, int, str]]:
         """The stack of row ``i`` as (filename, line, name), innermost first ([] if none)."""
-        s = self.stacks[i]
+        s = self.stacks[i] if self.stacks is not None else -1
         return list(self.stack_table[s]) if s >= 0 else []
 
 
@@ -158,6 +167,16 @@ class EntryReader:
         self.key_idx: dict[str, int] = {}
         self._acts = _Acts(self)
         self._stacks = _Stacks(self)
+        # The memo slots of entries read on the fast path are not stored one by one (8 bytes
+        # each): each batch is a run of slots that repeat a pattern, kept as (virtual start,
+        # length, pattern, stack ids). A memo index is virtual: real slots and runs interleaved.
+        self.run_vstart: list[int] = []
+        self.run_real: list[int] = []          # len(memo) when the run was added
+        self.run_end: list[int] = []           # virtual slots in runs up to and including this one
+        self.run_pattern: list[list[Any]] = []
+        self.run_sids: list[Any] = []
+        self.run_fslot: list[int] = []
+        self.vcount = 0
         self.ints = _IntCache()
         self.stack_ids: dict[Any, int] = {}
         self.stack_table: list[Any] = []
@@ -168,8 +187,45 @@ class EntryReader:
     def _fail(self, pos: int, what: str) -> PickleRefused:
         return PickleRefused(f"byte {pos}: {what}")
 
+    def _real(self, idx: int) -> int | None:
+        """The real memo slot of virtual index ``idx``; None when it is in a fast-path run."""
+        vstart = self.run_vstart
+        if not vstart or idx < vstart[0]:
+            return idx
+        i = bisect_right(vstart, idx) - 1
+        if idx - vstart[i] < self.run_end[i] - (self.run_end[i - 1] if i else 0):
+            return None
+        return idx - self.run_end[i]
+
     def _get(self, idx: int, pos: int) -> Any:
-        raise NotImplementedError
+        """The object memo index ``idx`` (virtual) refers to."""
+        real = self._real(idx)
+        if real is None:
+            i = bisect_right(self.run_vstart, idx) - 1
+            e, s = divmod(idx - self.run_vstart[i], len(self.run_pattern[i]))
+            if s == self.run_fslot[i]:
+                sid = self.run_sids[i][e]
+                return self.stack_table[sid] if sid >= 0 else ()
+            obj = self.run_pattern[i][s]
+        elif real < 0:
+            raise self._fail(pos, f"memo reference {idx} to an object not read yet")
+        else:
+            try:
+                obj = self.memo[real]
+            except IndexError:
+                raise self._fail(pos, f"memo reference {idx} to an object not read yet") from None
+        if obj is _ROW_MEMO:
+            raise self._fail(pos, "a second reference to a trace entry (torch writes each once)")
+        return obj
+
+    def _vlen(self) -> int:
+        """The memo's length in virtual indices (the index the next MEMOIZE gets)."""
+        return len(self.memo) + self.vcount
+
+    def _virtual(self, real: int) -> int:
+        """The virtual memo index of real slot ``real``."""
+        j = bisect_right(self.run_real, real)
+        return real + (self.run_end[j - 1] if j else 0)
 
     def _row_of(self, d: dict[str, Any], pos: int) -> Any:
         """A completed dict with an 'action' key: a row tuple (its memo slot freed), and learn
@@ -296,7 +352,7 @@ class EntryReader:
         rows.addrs.append(values[0])
         rows.sizes.append(values[1])
         rows.streams.append(values[2])
-        rows.stacks.append(r.sid)
+        rows.add_stacks((r.sid,))
         if code == UNKNOWN_CODE:
             rows.unknown[i] = action[:100]
 
@@ -325,7 +381,7 @@ class EntryReader:
                     idx = next((i for i in range(didx + 1, len(memo)) if memo[i] is k), None)
                 if idx is None:
                     return
-                self.key_idx[k] = idx
+                idx = self.key_idx[k] = self._virtual(idx)
             parts.append(re.escape((b"h" + bytes([idx])) if idx < 256 else (b"j" + struct.pack("<I", idx))))
             if k == "action":
                 parts.append(b"(" + _GET_RE + b")")
@@ -439,22 +495,26 @@ class EntryReader:
         k = len(shape.memo_slots)
         if shape.put_groups:
             # protocols 2 and 3 name each memo index: they must be the next ones, in order
-            m0 = len(memo)
+            m0 = self._vlen()
             for j, m in enumerate(ms):
                 for t, gi in enumerate(shape.put_groups):
                     raw = m.group(gi)
                     got = raw[1] if raw[0] == 0x71 else _U4(raw, 1)[0]
                     if got != m0 + j * k + t:
                         raise self._fail(m.start(), "memo indices out of order in a trace entry")
-        self._charge(8 * k * n)
         cols = list(zip(*map(_GROUPS, ms)))
-        slots = shape.memo_slots * n
+        sids = None
         if shape.has_frames:
-            # a frames list may be referenced again (torch shares some): its slot holds the stack
-            sids = list(map(self._stacks.__getitem__, cols[g["frames"] - 1]))
-            table = self.stack_table
-            slots[shape.frames_slot::k] = [table[s] if s >= 0 else () for s in sids]
-        memo.extend(slots)
+            # a frames list may be referenced again (torch shares some): its slot gives the stack
+            sids = array("i", map(self._stacks.__getitem__, cols[g["frames"] - 1]))
+            self._charge(4 * n)
+        self.run_vstart.append(self._vlen())
+        self.run_real.append(len(memo))
+        self.vcount += k * n
+        self.run_end.append(self.vcount)
+        self.run_pattern.append(shape.memo_slots)
+        self.run_sids.append(sids)
+        self.run_fslot.append(shape.frames_slot)
         acts = cols[g["action"] - 1]
         codes = list(map(self._acts.__getitem__, acts))
         rows.codes.extend(codes)
@@ -481,9 +541,9 @@ class EntryReader:
                                     f"must be {what} in [0, {limit:#x}), got {vals[j]}")
             col.extend(vals)
         if shape.has_frames:
-            rows.stacks.extend(sids)
-        else:
-            rows.stacks.extend([-1] * n)
+            rows.add_stacks(sids)
+        elif rows.stacks is not None:
+            rows.stacks.extend(array("i", [-1]) * n)
 
     def _action_name(self, code: int, raw: bytes) -> str:
         return ACTIONS[code] if code < len(ACTIONS) else str(self._get(_get_index(raw), -1))[:40]
