@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import struct
+import sys
 from array import array
 from bisect import bisect_right
 from operator import methodcaller
@@ -117,25 +118,59 @@ class Rows:
 
 # Rough bytes each kind of object costs (CPython 3.11, 64-bit), charged before it is built.
 _COST_OBJ, _COST_CONTAINER, _COST_ITEM = 32, 64, 16
-_INT_RE = rb"(?:K.|M..|J....|\x8a\x00|\x8a\x01.|\x8a\x02..|\x8a\x03...|\x8a\x04....|\x8a\x05.{5}|\x8a\x06.{6}|\x8a\x07.{7}|\x8a\x08.{8})"
+_INT_FORMS = [rb"K.", rb"M..", rb"J....", rb"\x8a\x00"] + [rb"\x8a" + bytes([rb"\x"[0]]) + f"x{n:02x}".encode()
+                                                      + b".{%d}" % n for n in range(1, 9)]
+_INT_RE = b"(?:" + b"|".join(_INT_FORMS) + b")"
+
+
+def _int_re(v: int) -> bytes:
+    """An integer opcode of any width, the one that writes ``v`` tried first (the regex engine
+    tries alternatives in order: a trace's field keeps its width from entry to entry)."""
+    if 0 <= v < 256:
+        first = 0
+    elif 0 <= v < 65536:
+        first = 1
+    elif -(1 << 31) <= v < (1 << 31):
+        first = 2
+    else:
+        first = 3 + (v.bit_length() + 8) // 8   # LONG1 of that many bytes (sign bit included)
+        first = min(first, len(_INT_FORMS) - 1)
+    forms = [_INT_FORMS[first]] + [f for i, f in enumerate(_INT_FORMS) if i != first]
+    return b"(?:" + b"|".join(forms) + b")"
 _GET_RE = rb"(?:h.|j....)"
 
 
-class _IntCache(dict):
-    """Raw integer opcode bytes -> int (traces repeat sizes, streams and addresses)."""
+def _int_of(raw: bytes) -> int:
+    """The value of an integer opcode (K, M, J or LONG1 with its argument)."""
+    op = raw[0]
+    if op == 0x4B:
+        return raw[1]
+    if op == 0x4D:
+        return raw[1] | raw[2] << 8
+    if op == 0x4A:
+        return _I4(raw, 1)[0]
+    return int.from_bytes(raw[2:], "little", signed=True)
 
-    def __missing__(self, raw: bytes) -> int:
-        op = raw[0]
-        if op == 0x4B:
-            v = raw[1]
-        elif op == 0x4D:
-            v = raw[1] | raw[2] << 8
-        elif op == 0x4A:
-            v = _I4(raw, 1)[0]
-        else:
-            v = int.from_bytes(raw[2:], "little", signed=True)
-        self[raw] = v
-        return v
+
+class _OutOfRange(Exception):
+    """A value of a trace column outside its range (the caller names the entry)."""
+
+
+class _Column(dict):
+    """Raw integer opcode bytes -> the value as 8 little-endian bytes, for one column (traces
+    repeat sizes, streams and addresses): a batch becomes ``array.frombytes`` of their join,
+    with no int objects and no per-item conversion; a value's range is checked once."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+
+    def __missing__(self, raw: bytes) -> bytes:
+        v = _int_of(raw)
+        if not 0 <= v < self.limit:
+            raise _OutOfRange(v)
+        b = self[raw] = v.to_bytes(8, sys.byteorder)     # as array("q") holds it
+        return b
 
 
 class _Shape:
@@ -177,7 +212,7 @@ class EntryReader:
         self.run_sids: list[Any] = []
         self.run_fslot: list[int] = []
         self.vcount = 0
-        self.ints = _IntCache()
+        self.columns = {"addr": _Column(ADDR_LIMIT), "size": _Column(SIZE_LIMIT), "stream": _Column(ADDR_LIMIT)}
         self.stack_ids: dict[Any, int] = {}
         self.stack_table: list[Any] = []
 
@@ -388,11 +423,11 @@ class EntryReader:
                 ng += 1
                 groups["action"] = ng
             elif type(v) is int and k in ("addr", "size", "stream", "device_free"):
-                parts.append(b"(" + _INT_RE + b")")
+                parts.append(b"(" + _int_re(v) + b")")
                 ng += 1
                 groups[k] = ng
             elif type(v) is int:
-                parts.append(_INT_RE)
+                parts.append(_int_re(v))
             elif type(v) is str:
                 # as written: a reference to a string read before, or a new string of this
                 # entry, memoized (each entry then has its own: 'N/A' for compile_context)
@@ -516,30 +551,30 @@ class EntryReader:
         self.run_sids.append(sids)
         self.run_fslot.append(shape.frames_slot)
         acts = cols[g["action"] - 1]
-        codes = list(map(self._acts.__getitem__, acts))
-        rows.codes.extend(codes)
+        codes = b"".join(map(self._acts.__getitem__, acts))        # one byte a row
+        rows.codes.frombytes(codes)
         if UNKNOWN_CODE in codes:
             for j, c in enumerate(codes):
                 if c == UNKNOWN_CODE:
                     rows.unknown[base + j] = str(self._get(_get_index(acts[j]), -1))[:100]
-        ints = self.ints.__getitem__
         for name, col in (("addr", rows.addrs), ("size", rows.sizes), ("stream", rows.streams)):
             gi = g.get(name) or (g.get("device_free") if name == "addr" else None)
             if gi is None:
                 for j, c in enumerate(codes):
                     if name in _NEEDS.get(c, ()) or (name == "addr" and "device_free" in _NEEDS.get(c, ())):
                         raise PickleRefused(f"trace entry {base + j} ({ACTIONS[c]}): '{name}' is missing")
-                col.extend([0] * n)
+                col.extend(array("q", [0]) * n)
                 continue
-            vals = list(map(ints, cols[gi - 1]))
-            limit = SIZE_LIMIT if name == "size" else ADDR_LIMIT
-            if vals and (min(vals) < 0 or max(vals) >= limit):
-                j = next(j for j, v in enumerate(vals) if not 0 <= v < limit)
+            column = self.columns[name]
+            try:
+                col.frombytes(b"".join(map(column.__getitem__, cols[gi - 1])))
+            except _OutOfRange:
+                raws = cols[gi - 1]
+                j = next(j for j, raw in enumerate(raws) if not 0 <= _int_of(raw) < column.limit)
                 what = "a whole number of bytes" if name == "size" else "a whole number"
                 fname = "device_free" if name == "addr" and codes[j] == OOM_CODE else name
                 raise PickleRefused(f"trace entry {base + j} ({self._action_name(codes[j], acts[j])}): '{fname}' "
-                                    f"must be {what} in [0, {limit:#x}), got {vals[j]}")
-            col.extend(vals)
+                                    f"must be {what} in [0, {column.limit:#x}), got {_int_of(raws[j])}") from None
         if shape.has_frames:
             rows.add_stacks(sids)
         elif rows.stacks is not None:
@@ -550,17 +585,17 @@ class EntryReader:
 
 
 class _Acts(dict):
-    """Memo-reference opcode bytes of an action string -> its code."""
+    """Memo-reference opcode bytes of an action string -> its code, as one byte."""
 
     def __init__(self, reader: "EntryReader") -> None:
         super().__init__()
         self.reader = reader
 
-    def __missing__(self, raw: bytes) -> int:
+    def __missing__(self, raw: bytes) -> bytes:
         v = self.reader._get(_get_index(raw), -1)
         if type(v) is not str:
             raise PickleRefused(f"a trace entry whose action is not a string ({_short(v)})")
-        code = self[raw] = ACTION_CODE.get(v, UNKNOWN_CODE)
+        code = self[raw] = bytes([ACTION_CODE.get(v, UNKNOWN_CODE)])
         return code
 
 
