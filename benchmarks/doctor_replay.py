@@ -46,7 +46,7 @@ from experiments.doctor.trace import Trace, read  # noqa: E402
 WHAT_IFS = ("expandable_segments:True", "max_split_size_mb:64", "roundup_power2_divisions:4")
 # Where the lab GPU's recording is written (experiments/allocator/doctor_gpu.py long_trace_path;
 # not imported from there: that module registers an experiment and imports the registry).
-LONG_TRACE = ROOT / "experiments" / "recorded" / "alloc.doctor_cases" / "nvidia-h200.eager_long.pickle.gz"
+LONG_TRACE = ROOT / "benchmarks" / "data" / "nvidia-h200.eager_long.pickle.gz"
 FALLBACK = Path("/work/main/.devtmp/call1/pickles/eager_long.pickle.gz")   # the lab's first recording
 
 _HWM = """
