@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ..core.units import format_bytes
-from .entries import ACTION_CODE, ADDR_LIMIT, OOM_CODE, SIZE_LIMIT, UNKNOWN_CODE, PickleRefused, Rows
+from .entries import PickleRefused
+from .rows import ACTION_CODE, ADDR_LIMIT, OOM_CODE, SIZE_LIMIT, UNKNOWN_CODE, Rows
 from .unpickle import Reader
 
 GZIP_MAGIC = b"\x1f\x8b"

@@ -29,7 +29,7 @@ from typing import Any, Iterator, Mapping, Sequence
 from .engine import DEFAULT_POOL, Block, Engine, Segment
 from .loader import DEFAULT_LIMITS, ImpossibleTraceError, InputError, Limits, SnapshotError, load, trace_rows
 from .rules import (LARGE_BUFFER, SMALL_BUFFER, SMALL_SIZE, MiB, ROUNDUP_INTERVALS, AllocatorConfig, round_size)
-from .entries import ADDR_LIMIT, IGNORED_CODE, SIZE_LIMIT, Rows
+from .rows import ADDR_LIMIT, IGNORED_CODE, SIZE_LIMIT, Rows
 
 # Event codes: small ints keep the replay loop fast (the codes of experiments.doctor.unpickle).
 ALLOC, FREE_REQ, FREE_DONE, SEG_ALLOC, SEG_FREE, SEG_MAP, SEG_UNMAP, SNAPSHOT, OOM, UNKNOWN = range(10)
