@@ -128,6 +128,7 @@ class _Replayer:
         self.next_key = len(trace.events)        # keys of blocks from before the recording
         self.requests = Requests(trace.events)
         self.series = True
+        self.only_default = True     # no private pool seen yet: every request is the default pool's
         self.trace_reserved = 0
         self.private_context: tuple[int, int] | None = None
         self.inferred = 0
@@ -150,6 +151,8 @@ class _Replayer:
         insort(self.bases, base)
         self.seg_end[base] = base + size
         self.seg_pool[base] = pool
+        if pool != DEFAULT_POOL:
+            self.only_default = False
 
     def _drop_base(self, base: int) -> None:
         self.bases.remove(base)
@@ -203,6 +206,7 @@ class _Replayer:
         i = 0
         try:
             run.initial = self._seed()
+            only_default = self.only_default
             stop = n if self.stop_at is None else min(n, self.stop_at)
             for i, code, addr, size, stream in zip(range(stop), ev.codes, ev.addrs, ev.sizes, ev.streams):
                 if code == FREE_REQ:
@@ -240,10 +244,14 @@ class _Replayer:
                 elif code == ALLOC:
                     if buf:
                         self._alloc(i, buf, survives)
+                        only_default = self.only_default
                     else:
                         # fast path: no segment event, so the block is in a segment the trace knows
-                        k = bisect_right(bases, addr) - 1
-                        pool = seg_pool[bases[k]] if k >= 0 and addr < seg_end[bases[k]] else DEFAULT_POOL
+                        if only_default:
+                            pool = DEFAULT_POOL
+                        else:
+                            k = bisect_right(bases, addr) - 1
+                            pool = seg_pool[bases[k]] if k >= 0 and addr < seg_end[bases[k]] else DEFAULT_POOL
                         if eng.address_hook is not None:
                             eng.address_hook = None
                         try:
@@ -257,11 +265,14 @@ class _Replayer:
                             raise _Mismatch(i, "alloc", "the block is not where the GPU put it", addr, blk.addr)
                         live[addr] = blk
                         keys[addr] = i
-                        pidx = pidx_get(pool)
-                        if pidx is None:
-                            pidx = reqs.pool_index(pool)
-                        put_req(R_ALLOC | pidx << 3 | i << 16)
-                        self.private_context = pool if pool != DEFAULT_POOL else None
+                        if only_default:
+                            put_req(R_ALLOC | i << 16)          # pool index 0: the default pool
+                        else:
+                            pidx = pidx_get(pool)
+                            if pidx is None:
+                                pidx = reqs.pool_index(pool)
+                            put_req(R_ALLOC | pidx << 3 | i << 16)
+                            self.private_context = pool if pool != DEFAULT_POOL else None
                 elif code <= SEG_UNMAP:
                     buf.append(i)
                     self.trace_reserved += size if code == SEG_ALLOC or code == SEG_MAP else -size
