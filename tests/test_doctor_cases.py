@@ -72,7 +72,7 @@ def test_record_skips_the_on_demand_oracles_unless_named(monkeypatch, capsys):
     seen = []
     monkeypatch.setattr(registry, "record", lambda exps, **kw: (seen.append([e.id for e in exps]), ([], {}))[1])
     assert cli.main(["record", "--chapter", "1"]) == 0
-    assert "alloc.doctor_cases" not in seen[-1] and "alloc.doctor_snapshots" in seen[-1]
+    assert "alloc.doctor_cases" not in seen[-1] and "alloc.anatomy" in seen[-1]
     assert "skipped alloc.doctor_cases" in capsys.readouterr().out
     assert cli.main(["record", "--experiment", "alloc.doctor_cases"]) == 0
     assert seen[-1] == ["alloc.doctor_cases"]

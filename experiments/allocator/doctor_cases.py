@@ -456,7 +456,7 @@ _CASE_RUN = {"type": "object", "required": ["settings", "snapshot", "phases", "f
     data_schema={"type": "object", "required": ["case", "runs"],
                  "properties": {"case": {"type": "string"}, "cap_bytes": {"type": ["integer", "null"]},
                                 "runs": {"type": "array", "minItems": 2, "items": _CASE_RUN}}},
-    on_demand=True,
+    own_budget=True,   # 16 programs, 2-5 fresh processes each, ~4 min: record --experiment alloc.doctor_cases
 )
 def doctor_cases(case: str = "handoff") -> dict[str, Any]:
     """Run ``case`` once per setting of ``CASES[case]``, each in a fresh process, several at once.

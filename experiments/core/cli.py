@@ -28,7 +28,8 @@ def _select(chapter: int | None, experiment_ids: list[str] | None) -> list[Any]:
 
     if experiment_ids:
         return [registry.get(e) for e in experiment_ids]
-    exps = registry.all_experiments(chapter)
+    # experiments on a budget of their own are recorded only when named (--experiment ID)
+    exps = [e for e in registry.all_experiments(chapter) if not e.own_budget]
     if not exps:
         raise SystemExit(f"no experiments in chapter {chapter}")
     return exps
@@ -39,10 +40,9 @@ def cmd_record(args: argparse.Namespace) -> int:
 
     exps = _select(args.chapter, args.experiment)
     if not args.experiment:
-        for e in exps:
-            if e.on_demand:
+        for e in registry.all_experiments(args.chapter):
+            if e.own_budget:
                 print(f"skipped {e.id} (on a budget of its own: record --experiment {e.id})")
-        exps = [e for e in exps if not e.on_demand]
     paths, failures = registry.record(exps, root=Path(args.out) if args.out else None, progress=not args.quiet)
     for p in paths:
         print(f"wrote {p}")
@@ -129,7 +129,11 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         else:
             sub.add_parser(cmd.name, help=cmd.help)
 
-    rec = sub.add_parser("record", help="run experiments on this GPU and write recorded results")
+    rec = sub.add_parser("record", help="run experiments on this GPU and write recorded results",
+                         description="Run experiments on this GPU and write their recorded results. Without "
+                                     "--experiment, every experiment of the chapters except those on a budget of "
+                                     "their own (the doctor's: --experiment alloc.doctor_snapshots, --experiment "
+                                     "alloc.doctor_cases).")
     rec.add_argument("--chapter", type=int, choices=chapters.NUMBERS,
                      help=f"only this chapter ({chapters.NUMBERS[0]}-{chapters.NUMBERS[-1]})")
     rec.add_argument("--experiment", action="append", help="only this experiment id (repeatable)")

@@ -19,7 +19,9 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from .run import _addresses
+from .engine import DEFAULT_POOL
+from .run import R_ALLOC, R_RESTORE, _addresses
+from .trace import SEG_MAP
 
 NEW = (-1, -1)           # a choice of "a private pool the trace has not shown yet"
 MAX_REPLAYS = 400
@@ -82,4 +84,53 @@ def alternatives(once: Callable[[dict], Any], decisions: list) -> list[list[tupl
     return out
 
 
-__all__ = ["NEW", "alternatives", "search"]
+class PoolChoices:
+    """The replay's side of the choices: which pools a request that made a new segment could
+    have come from (the replayer, :class:`experiments.doctor.replay._Replayer`, has ``engine``,
+    ``requests``, ``private``, ``forced``, ``decisions``, ``inferred`` and its segment table)."""
+
+    def _choose_pool(self, i: int, size: int, stream: int, small: bool, code: int) -> tuple[int, int]:
+        """The pool of a request that made a new segment or range the final state does not name.
+        Candidates are the pools that could not serve it from their cached blocks (one that
+        could would have), the stream's last pool first; replay() backtracks over them."""
+        first = self._stream_pool(stream)
+        cands = []
+        freeable = self.engine.freeable     # no request goes to a pool that nothing holds any more
+        for p in [first, DEFAULT_POOL] + self.private[::-1] + [NEW]:
+            if p not in cands and p not in freeable and (p == NEW or not self._could_serve(p, size, stream, small,
+                                                                                            code)):
+                cands.append(p)
+        choice = self.forced.get(i)
+        k = cands.index(choice) if choice in cands else 0
+        if len(cands) > 1:
+            self.decisions.append((i, cands, k))
+        pool = cands[k]
+        if pool == NEW:
+            self.inferred += 1
+            pool = (-1, self.inferred)
+        return pool
+
+    def _pool_guess(self, addr: int, stream: int, creates: list[int]) -> tuple[int, int]:
+        base = self._containing(addr)
+        if base is not None and not creates:
+            return self.seg_pool[base]
+        return self._stream_pool(stream)
+
+    def _stream_pool(self, stream: int) -> tuple[int, int]:
+        # the pool of the stream's last request (a stream keeps its pool while a MemPool or a
+        # capture routes it); looked up only where a choice is made, off the fast path
+        for q in reversed(self.requests):
+            if (q[0] == R_ALLOC or q[0] == R_RESTORE) and q[3] == stream:
+                return q[4]
+        return DEFAULT_POOL
+
+    def _could_serve(self, pool: tuple[int, int], size: int, stream: int, small: bool, code: int) -> bool:
+        eng = self.engine
+        rounded = eng.round(size)
+        fl = eng._free.get((pool, small, stream))
+        if fl is not None and eng.get_free_block(fl, rounded) is not None:
+            return True
+        return code == SEG_MAP and bool(eng._ranges.get((pool, small, stream)))
+
+
+__all__ = ["NEW", "PoolChoices", "alternatives", "search"]

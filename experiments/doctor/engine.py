@@ -113,13 +113,14 @@ class _FreeList:
 
 
 class _AddressSpace:
-    """First fit over [2^48, 2^49), top down (as the driver mostly hands out addresses, RULES.md
+    """First fit over [2^48, 2^60), top down (as the driver mostly hands out addresses, RULES.md
     §I.3) or bottom up: where a run without the driver's addresses puts segments."""
 
     def __init__(self, top_down: bool = True) -> None:
         # above every user-space address a driver hands out, so it never meets a recorded one
-        self.free = [(1 << 48, 1 << 49)]  # (start, end), sorted by start
+        self.free = [(1 << 48, 1 << 60)]  # (start, end), sorted by start; room for thousands of ranges
         self.top_down = top_down
+        self.taken: set[int] = set()      # what it handed out: only those come back to it
 
     def take(self, size: int) -> int:
         size = -(-size // SMALL_BUFFER) * SMALL_BUFFER
@@ -133,12 +134,15 @@ class _AddressSpace:
                     self.free[i] = (start, end - size)
                 else:
                     self.free[i] = (start + size, end)
-                return end - size if self.top_down else start
+                addr = end - size if self.top_down else start
+                self.taken.add(addr)
+                return addr
         raise RuntimeError("the modelled address space is exhausted")
 
     def give(self, addr: int, size: int) -> None:
-        if not (1 << 48) <= addr < (1 << 49):
+        if addr not in self.taken:
             return                      # a driver's address: never ours to hand out
+        self.taken.discard(addr)
         size = -(-size // SMALL_BUFFER) * SMALL_BUFFER
         i = bisect_left(self.free, (addr, addr))
         self.free.insert(i, (addr, addr + size))
@@ -248,11 +252,13 @@ class Engine:
             fl = self._list(pool_id, small, stream)
         if self._gc_counting and not small and pool_id == DEFAULT_POOL:
             self._gc_calls += 1
-        block = self.get_free_block(fl, size)
-        if block is None:
+        i = self._free_index(fl, size)              # get_free_block
+        if i < 0:
             block = self._malloc_slow(nbytes, size, small, stream, pool_id, fl)
         else:
-            fl.remove(block)
+            keys = fl.keys                           # fl.remove(block), by the index found
+            block = fl.blocks.pop(keys[i][1])
+            del keys[i]
         return self.alloc_found_block(block, size, nbytes, fl, "small" if small else "large")
 
     def free_requested(self, block: Block) -> None:
@@ -334,22 +340,28 @@ class Engine:
         a request at or above it takes a block only under ``request + max_non_split_rounding``
         (a fixed 20 MiB before torch 2.6, §A.6). Only the first candidate is looked at.
         """
+        i = self._free_index(fl, size)
+        return None if i < 0 else fl.blocks[fl.keys[i][1]]
+
+    def _free_index(self, fl: _FreeList, size: int) -> int:
+        # get_free_block, as the block's index in fl.keys (-1 if none): malloc removes the block
+        # by that index without searching for it again (the hot path of every replay)
         keys = fl.keys
         n = len(keys)
         i = bisect_left(keys, (size, 0))
         if i == n:
-            return None
+            return -1
         b = fl.blocks[keys[i][1]]
         if self._plain and not b.seg.expandable:
-            if not self._synthetic_made or i + 1 == n or keys[i + 1][0] != b.size:
-                return b
-            return self._tie(fl, i, b)
+            if self._synthetic_made and i + 1 < n and keys[i + 1][0] == b.size:
+                self._tie(fl, i, b)
+            return i
         if b.seg.expandable:
             if not self._expandable:
                 while i < len(keys) and fl.blocks[keys[i][1]].seg.expandable:
                     i += 1
                 if i == len(keys):
-                    return None
+                    return -1
                 b = fl.blocks[keys[i][1]]
             else:
                 def exp_size(x: Block) -> int:
@@ -364,12 +376,12 @@ class Engine:
         limit = self.config.max_split_size
         if limit is not None:
             if size < limit and b.size >= limit:
-                return None
+                return -1
             if size >= limit and b.size >= size + self.config.max_non_split_rounding:
-                return None
+                return -1
         if self._synthetic_made and i + 1 < len(keys) and keys[i + 1][0] == b.size:
-            return self._tie(fl, i, b)
-        return b
+            self._tie(fl, i, b)
+        return i
 
     def _tie(self, fl: _FreeList, i: int, b: Block) -> Block:
         # Equal sizes go by address: count the choice if the driver might have ordered the
@@ -417,7 +429,8 @@ class Engine:
             block.next = rest
             block.size = size
             rest.gc_base = self._gc_calls
-            fl.add(rest)
+            insort(fl.keys, (remaining, rest.addr))  # fl.add(rest), inlined
+            fl.blocks[rest.addr] = rest
         block.allocated = True
         block.requested = nbytes
         self.allocated_bytes += block.size
@@ -520,22 +533,26 @@ class Engine:
         waiting on events: those are out of the free list) and cache the result (C++
         ``try_merge_blocks`` on prev and next, then ``insert_into_blocks``)."""
         prev, nxt = block.prev, block.next
-        if prev is not None and not prev.allocated and prev.mapped and prev.addr in fl.blocks:
-            fl.remove(prev)
+        keys, blocks = fl.keys, fl.blocks          # fl.remove / fl.add inlined (the hot path)
+        if prev is not None and not prev.allocated and prev.mapped and prev.addr in blocks:
+            del keys[bisect_left(keys, (prev.size, prev.addr))]
+            del blocks[prev.addr]
             block.addr, block.size = prev.addr, block.size + prev.size
             block.prev = prev.prev
             if prev.prev is not None:
                 prev.prev.next = block
             else:
                 block.seg.head = block
-        if nxt is not None and not nxt.allocated and nxt.mapped and nxt.addr in fl.blocks:
-            fl.remove(nxt)
+        if nxt is not None and not nxt.allocated and nxt.mapped and nxt.addr in blocks:
+            del keys[bisect_left(keys, (nxt.size, nxt.addr))]
+            del blocks[nxt.addr]
             block.size += nxt.size
             block.next = nxt.next
             if nxt.next is not None:
                 nxt.next.prev = block
         block.gc_base = self._gc_calls
-        fl.add(block)
+        insort(keys, (block.size, block.addr))
+        blocks[block.addr] = block
 
     def synchronize_and_free_events(self, pool_id: tuple[int, int] | None = None) -> None:
         """Wait for every outstanding ``record_stream`` event (of one private pool's blocks, when

@@ -27,11 +27,13 @@ The request list a replay recovers (:attr:`Run.requests`) is what
 """
 from __future__ import annotations
 
+import re
 from bisect import bisect_right, insort
 from typing import Any, Sequence
 
-from .attribution import NEW as _NEW, alternatives, search
+from .attribution import PoolChoices, alternatives, search
 from .engine import DEFAULT_POOL, Engine, EngineOutOfMemory
+from .loader import ImpossibleTraceError
 from .run import (R_ALLOC, R_EMPTY, R_FREE_DONE, R_FREE_REQ, R_FREEABLE, R_RESTORE, R_RETRY,  # noqa: F401
                   Run, _finish, _no_gc)
 from .rules import SMALL_SIZE, get_allocation_size
@@ -41,6 +43,7 @@ from .trace import (ALLOC, FREE_DONE, FREE_REQ, OOM, SEG_ALLOC, SEG_FREE, SEG_MA
 _SEG_NAMES = {SEG_ALLOC: "segment_alloc", SEG_FREE: "segment_free", SEG_MAP: "segment_map",
               SEG_UNMAP: "segment_unmap"}
 _CODES = {v: k for k, v in _SEG_NAMES.items()}
+_SEG_EVENTS = re.compile(bytes([ord("["), SEG_ALLOC, SEG_FREE, ord("]")]))
 
 
 class _Mismatch(Exception):
@@ -55,7 +58,13 @@ def _fmt_events(evs: Sequence[tuple[Any, int, int]]) -> list[list[Any]]:
 
 
 
-class _Replayer:
+def _peaks(run: Run, peak_a: int, peak_r: int, peak_k: int) -> None:
+    run.peak_allocated_bytes = peak_a
+    run.peak_reserved_bytes = max(peak_r, 0)
+    run.peak_index = max(peak_k, 0)
+
+
+class _Replayer(PoolChoices):
     def __init__(self, trace: Trace, cap_bytes: int | None, total_memory: int,
                  forced: dict[int, tuple[int, int]] | None = None):
         self.trace = trace
@@ -79,6 +88,8 @@ class _Replayer:
         self.peak_reserved, self.peak_event = -1, 0
         self.segment_log: list[tuple[str, int, int]] = []   # the driver's view: cudaMalloc / cudaFree / new range
         self.stop_at: int | None = None
+        self.n_initial = 0
+        self.series = True                   # keep the bytes after every request (the peaks are kept either way)
         self.expandable = trace.config.expandable_segments
 
     # -- segment bookkeeping of the trace
@@ -116,6 +127,7 @@ class _Replayer:
             self.keys[addr] = self.next_key
             seeded.append((self.next_key, blk.requested, stream, pool))
             self.next_key += 1
+        self.n_initial = len(seeded)
         if state.unsupported:
             raise _Mismatch(0, "alloc", state.unsupported)
         return seeded
@@ -126,17 +138,21 @@ class _Replayer:
         ev = trace.events
         n = len(ev)
         # which segment_alloc / range survives to the end: its pool id is in the final state
-        survives = [False] * n
+        survives = bytearray(n)
         alive: set[int] = set()
-        for i in range(n - 1, -1, -1):
-            code, addr = ev[i][0], ev[i][1]
-            if code == SEG_FREE:
+        codes, addrs = ev.codes, ev.addrs
+        for m in reversed(list(_SEG_EVENTS.finditer(codes.tobytes()))):   # the few segment events, found in C
+            i = m.start()
+            addr = addrs[i]
+            if codes[i] == SEG_FREE:
                 alive.add(addr)
-            elif code == SEG_ALLOC:
+            else:
                 survives[i] = addr not in alive
                 alive.discard(addr)
         buf: list[int] = []                  # indices of segment events since the last request
         reqs = self.requests
+        series = self.series
+        peak_a, peak_r, peak_k = 0, -1, 0     # the peaks after a request, and which request
         alloc_a, res_a = run.allocated, run.reserved
         put_a, put_r = alloc_a.append, res_a.append
         live, pending, keys = self.live, self.pending, self.keys
@@ -145,38 +161,58 @@ class _Replayer:
         i = 0
         try:
             run.initial = self._seed()
+            only_default = not self.private
             stop = n if self.stop_at is None else min(n, self.stop_at)
-            for i, (code, addr, size, stream) in enumerate(ev if stop == n else ev[:stop]):
+            for i, code, addr, size, stream in zip(range(stop), codes, addrs, ev.sizes, ev.streams):
                 if code == FREE_REQ:
                     if buf:
                         self._flush_empty(i, buf)
                     blk = live.pop(addr, None)
                     if blk is None:
-                        raise _Mismatch(i, "free_requested", f"free of an unknown block at {addr:#x}")
+                        self._unknown_block(i, "free_requested", addr)
                     free_req(blk)
                     pending[addr] = blk
                     reqs.append((R_FREE_REQ, keys[addr]))
+                    if series:
+                        put_a(eng.allocated_bytes)
+                        put_r(eng.reserved_bytes)
+                    continue                 # a free raises no peak
                 elif code == FREE_DONE:
                     if buf:
                         self._flush_empty(i, buf)
                     blk = pending.pop(addr, None)
                     if blk is None:
-                        raise _Mismatch(i, "free_completed", f"completion of a free that was never requested "
-                                        f"at {addr:#x}")
+                        self._unknown_block(i, "free_completed", addr)
                     free_done(blk)
                     reqs.append((R_FREE_DONE, keys.pop(addr)))
+                    if series:
+                        put_a(eng.allocated_bytes)
+                        put_r(eng.reserved_bytes)
+                    continue
                 elif code == ALLOC:
                     if buf:
                         self._alloc(i, buf, survives)
+                        only_default = not self.private
                     else:
-                        # fast path: no segment event, so the block is in a segment the trace knows
-                        k = bisect_right(bases, addr) - 1
-                        pool = seg_pool[bases[k]] if k >= 0 and addr < seg_end[bases[k]] else DEFAULT_POOL
-                        eng.address_hook = None
+                        # fast path: no segment event, so the block is in a segment the trace knows;
+                        # until the trace shows a private pool, every such segment is the default pool's
+                        if only_default:
+                            pool = DEFAULT_POOL
+                        else:
+                            k = bisect_right(bases, addr) - 1
+                            pool = seg_pool[bases[k]] if k >= 0 and addr < seg_end[bases[k]] else DEFAULT_POOL
+                        if eng.address_hook is not None:
+                            eng.address_hook = None
                         if pool is not DEFAULT_POOL and eng.checkpointed_block(addr, size, stream, pool) is not None:
                             self._restore(i, addr, size, stream, pool)
-                            put_a(eng.allocated_bytes)
-                            put_r(eng.reserved_bytes)
+                            a, r = eng.allocated_bytes, eng.reserved_bytes
+                            if a > peak_a:
+                                peak_a = a
+                            if r > peak_r:
+                                peak_r, peak_k = r, len(reqs) - 1
+                            if series:
+                                put_a(a)
+                                put_r(r)
                             continue
                         try:
                             blk = malloc(size, stream, pool)
@@ -204,20 +240,33 @@ class _Replayer:
                     continue
                 elif code == OOM:
                     self._oom(i, buf, size, stream)
+                    only_default = not self.private
                 else:
                     raise _Mismatch(i, trace.unknown.get(i, "?"), "a trace entry of a kind the doctor does not "
                                     f"know ({trace.unknown.get(i)!r}); it cannot follow the allocator past it")
-                put_a(eng.allocated_bytes)
-                put_r(eng.reserved_bytes)
+                # the values after each request: peaks always, the series when asked
+                a, r = eng.allocated_bytes, eng.reserved_bytes
+                if a > peak_a:
+                    peak_a = a
+                if r > peak_r:
+                    peak_r, peak_k = r, len(reqs) - 1
+                if series:
+                    put_a(a)
+                    put_r(r)
             if stop < n:           # stopped early on purpose: the state after event stop - 1
                 run.events_replayed = stop
                 run.requests = reqs
+                _peaks(run, peak_a, peak_r, peak_k)
                 _finish(run, eng)
                 return run
             i = n
             self._flush_empty(n, buf)
-            alloc_a.append(eng.allocated_bytes)
-            res_a.append(eng.reserved_bytes)
+            peak_a = max(peak_a, eng.allocated_bytes)
+            if eng.reserved_bytes > peak_r:
+                peak_r, peak_k = eng.reserved_bytes, len(reqs) - 1
+            if series:
+                alloc_a.append(eng.allocated_bytes)
+                res_a.append(eng.reserved_bytes)
             self._check_final(n)
             run.matches_trace = True
         except _Mismatch as m:
@@ -227,8 +276,24 @@ class _Replayer:
         run.requests = reqs
         run.peak_event = self.peak_event
         run.segment_log = self.segment_log
+        _peaks(run, peak_a, peak_r, peak_k)
         _finish(run, eng)
         return run
+
+    def _unknown_block(self, i: int, action: str, addr: int) -> None:
+        if self._containing(addr) is None:
+            raise ImpossibleTraceError(f"trace entry {i} ({action}): {'frees' if action == 'free_requested' else 'completes a free of'} "
+                                       f"a block at {addr:#x} that no segment holds (an impossible trace)")
+        if action == "free_requested":
+            raise _Mismatch(i, action, f"free of an unknown block at {addr:#x}")
+        raise _Mismatch(i, action, f"completion of a free that was never requested at {addr:#x}")
+
+    def live_keys(self) -> dict[int, int]:
+        """{block address: trace event of its allocation} of the blocks allocated now (those from
+        before the recording have no event and are left out)."""
+        first = self.n_initial
+        allocs = [m.start() for m in re.finditer(bytes([ALLOC]), self.trace.events.codes.tobytes())]
+        return {addr: allocs[k - first] for addr, k in self.keys.items() if addr in self.live and k >= first}
 
     def _check_reserved(self, i: int, action: str) -> None:
         # reserved bytes change only with segment events, so they are checked where those are
@@ -349,27 +414,6 @@ class _Replayer:
                 eng._gc_calls -= 1
         return eng.reserved_bytes + get_allocation_size(rounded, eng.config) > eng.cap_bytes
 
-    def _choose_pool(self, i: int, size: int, stream: int, small: bool, code: int) -> tuple[int, int]:
-        """The pool of a request that made a new segment or range the final state does not name.
-        Candidates are the pools that could not serve it from their cached blocks (one that
-        could would have), the stream's last pool first; replay() backtracks over them."""
-        first = self._stream_pool(stream)
-        cands = []
-        freeable = self.engine.freeable     # no request goes to a pool that nothing holds any more
-        for p in [first, DEFAULT_POOL] + self.private[::-1] + [_NEW]:
-            if p not in cands and p not in freeable and (p == _NEW or not self._could_serve(p, size, stream, small,
-                                                                                            code)):
-                cands.append(p)
-        choice = self.forced.get(i)
-        k = cands.index(choice) if choice in cands else 0
-        if len(cands) > 1:
-            self.decisions.append((i, cands, k))
-        pool = cands[k]
-        if pool == _NEW:
-            self.inferred += 1
-            pool = (-1, self.inferred)
-        return pool
-
     def _alloc(self, i: int, buf: list[int], survives: list[bool]) -> None:
         eng, ev = self.engine, self.trace.events
         _, addr, size, stream = ev[i]
@@ -451,28 +495,6 @@ class _Replayer:
         self.next_key += 1
         self.restores += 1
 
-    def _pool_guess(self, addr: int, stream: int, creates: list[int]) -> tuple[int, int]:
-        base = self._containing(addr)
-        if base is not None and not creates:
-            return self.seg_pool[base]
-        return self._stream_pool(stream)
-
-    def _stream_pool(self, stream: int) -> tuple[int, int]:
-        # the pool of the stream's last request (a stream keeps its pool while a MemPool or a
-        # capture routes it); looked up only where a choice is made, off the fast path
-        for q in reversed(self.requests):
-            if (q[0] == R_ALLOC or q[0] == R_RESTORE) and q[3] == stream:
-                return q[4]
-        return DEFAULT_POOL
-
-    def _could_serve(self, pool: tuple[int, int], size: int, stream: int, small: bool, code: int) -> bool:
-        eng = self.engine
-        rounded = eng.round(size)
-        fl = eng._free.get((pool, small, stream))
-        if fl is not None and eng.get_free_block(fl, rounded) is not None:
-            return True
-        return code == SEG_MAP and bool(eng._ranges.get((pool, small, stream)))
-
     def _oom(self, i: int, buf: list[int], size: int, stream: int) -> None:
         eng = self.engine
         eng.address_hook = None
@@ -506,7 +528,7 @@ class _Replayer:
 
 
 def replay(trace: Trace, *, cap_bytes: int | None = None, total_memory: int | None = None,
-           stop_at: int | None = None) -> Run:
+           stop_at: int | None = None, series: bool = True) -> Run:
     """Replay ``trace`` under the settings it was recorded with; check it event by event.
 
     Where the trace leaves a new segment's pool open, the replay chooses and, when the trace
@@ -519,7 +541,10 @@ def replay(trace: Trace, *, cap_bytes: int | None = None, total_memory: int | No
         total_memory: device memory in bytes (expandable range size; default the snapshot's,
             else the lab H200's).
         stop_at: stop before this trace event (the run's ``final_segments`` is then the
-            layout at that point, e.g. ``peak_event + 1`` for the layout at peak reserved).
+            layout at that point, e.g. ``peak_event + 1`` for the layout at peak reserved;
+            ``live_keys`` then maps each allocated block to its allocation's trace event).
+        series: keep allocated and reserved bytes after every request (for the figure; the
+            peaks are kept either way).
 
     Returns:
         a :class:`Run` whose ``matches_trace`` says whether every segment event, block address
@@ -532,13 +557,16 @@ def replay(trace: Trace, *, cap_bytes: int | None = None, total_memory: int | No
     def once(forced: dict[int, tuple[int, int]]) -> _Replayer:
         r = _Replayer(trace, cap, total, forced)
         r.stop_at = stop_at
+        r.series = series
         with _no_gc():
             r.result = r.run()
         return r
 
     best, last = search(once)
-    best.oom_events = sum(1 for e in trace.events if e[0] == OOM)
+    best.oom_events = trace.events.codes.count(OOM)
     best.restores = last.restores
+    if stop_at is not None and best is last.result:
+        best.live_keys = last.live_keys()
     if best is last.result and best.matches_trace and stop_at is None:
         best.pool_choices = len(last.decisions)
         # Other attributions are looked for only where the trace shows private pools at all:

@@ -28,8 +28,10 @@ class Run:
         matches_trace: every checked event agreed (replay only; None for a what-if).
         first_mismatch: None, or a dict with event_index, action, reason, expected, got.
         events_replayed: trace events (replay) or requests (what-if) processed.
-        allocated, reserved: bytes after each request (arrays of equal length).
-        final_* / peak_*: bytes; peak_index: the request at peak reserved.
+        allocated, reserved: bytes after each request (arrays of equal length; empty when
+            run with ``series=False``: the peaks are kept either way).
+        final_* / peak_*: bytes; peak_index: the request (index into the run's requests)
+            after which reserved bytes peaked.
         oom_events: requests that did not fit; oom_requests: their (index, bytes).
         peak_segments: the layout at peak reserved (filled by :func:`layout_at`).
         requests: the request list (replay only) that what-ifs reuse.
@@ -43,6 +45,8 @@ class Run:
         alternatives: the request lists of the other pool attributions the whole trace
             agrees with (replay only; found one choice at a time, see replay()).
         open_keys: the requests placed in segments whose pool was such a choice (replay only).
+        live_keys: {block address: trace event of its allocation} of the blocks allocated
+            when a replay stopped early (``stop_at``; blocks from before the recording left out).
         restores: blocks a private pool's checkpoint put in place (CUDA-graph trees).
         exact, bound_bytes, uncertain, *_range: a what-if's certainty (what_if()): exact when
             nothing the snapshot leaves open can change its answer; else the reasons, the
@@ -72,6 +76,7 @@ class Run:
     pool_choices: int = 0
     alternatives: list[list[tuple]] = dataclasses.field(default_factory=list)
     open_keys: frozenset = frozenset()
+    live_keys: dict[int, int] = dataclasses.field(default_factory=dict)
     restores: int = 0
     exact: bool | None = None
     bound_bytes: int = 0
@@ -98,13 +103,9 @@ class Run:
 
 
 def _finish(run: Run, eng: Engine) -> None:
+    # the peaks are the loops' own (tracked as they happen, with or without the series)
     run.final_allocated_bytes = eng.allocated_bytes
     run.final_reserved_bytes = eng.reserved_bytes
-    if len(run.reserved):
-        peak = max(run.reserved)
-        run.peak_reserved_bytes = peak
-        run.peak_index = run.reserved.index(peak)
-        run.peak_allocated_bytes = max(run.allocated)
     run.oom_events = len(run.oom_requests) + getattr(run, "_trace_ooms", 0)
     run.final_segments = eng.segments()
 

@@ -13,13 +13,15 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from .engine import Engine, EngineOutOfMemory
+from .loader import InputError
 from .replay import (R_ALLOC, R_EMPTY, R_FREE_DONE, R_FREE_REQ, R_FREEABLE, R_RESTORE, R_RETRY, Run, _finish,
                      _no_gc)
 from .rules import LARGE_BUFFER as LARGE_PAGE, SMALL_BUFFER, AllocatorConfig, get_allocation_size
 
 
 def what_if(base: Run, config: AllocatorConfig, settings: str, *, cap_bytes: int | None = None,
-            total_memory: int = 150_109_880_320, stop_at: int | None = None) -> tuple[Run, Engine]:
+            total_memory: int = 150_109_880_320, stop_at: int | None = None,
+            series: bool = True) -> tuple[Run, Engine]:
     """Run the requests of a replay under ``config`` (and ``cap_bytes``) on a fresh engine.
 
     The answer is exact (``run.exact``) when nothing the snapshot leaves open can change it.
@@ -50,12 +52,16 @@ def what_if(base: Run, config: AllocatorConfig, settings: str, *, cap_bytes: int
     doctor can compute from one snapshot, not a proof: tests/test_doctor_cases.py checks it
     against the GPU's own runs under each setting.
 
+    ``series``: keep allocated and reserved bytes after every request (for the figure; the
+    peaks are kept either way; the runs that bound the answer never keep them).
+
     Returns:
         (the Run, the engine after the last request processed; ``stop_at`` stops after that
         many requests, e.g. to read the layout at the peak).
     """
     with _no_gc():
-        run, eng = _run_requests(base, base.requests, config, settings, cap_bytes, total_memory, stop_at)
+        run, eng = _run_requests(base, base.requests, config, settings, cap_bytes, total_memory, stop_at,
+                                 series=series)
         if stop_at is None:
             _certainty(run, eng, base, config, settings, cap_bytes, total_memory)
     return run, eng
@@ -138,7 +144,8 @@ class _DriverSync:
 
 def _run_requests(base: Run, requests: Sequence[tuple], config: AllocatorConfig, settings: str,
                   cap_bytes: int | None, total_memory: int, stop_at: int | None,
-                  address_order: str = "down", keep_retries: bool = False) -> tuple[Run, Engine]:
+                  address_order: str = "down", keep_retries: bool = False,
+                  series: bool = False) -> tuple[Run, Engine]:
     eng = Engine(config, cap_bytes=cap_bytes, total_memory=total_memory, address_order=address_order)
     # The driver picks segment addresses from the history of cudaMalloc and cudaFree calls.
     # While the what-if makes the same calls as the GPU's run, in the same order, it takes
@@ -157,11 +164,11 @@ def _run_requests(base: Run, requests: Sequence[tuple], config: AllocatorConfig,
     malloc, free_req, free_done, empty = eng.malloc, eng.free_requested, eng.free_completed, eng.empty_cache
     is_pending = eng.is_pending
     alloc_a, res_a = run.allocated, run.reserved
+    peak_a, peak_r, peak_k = 0, -1, 0
     timing = retries_fit = 0
     open_keys, open_live, open_peak = base.open_keys, 0, 0
-    for k, r in enumerate(requests):
-        if stop_at is not None and k >= stop_at:
-            break
+    k = -1
+    for k, r in enumerate(requests if stop_at is None else requests[:max(stop_at, 0)]):
         kind = r[0]
         if eng.pending_count and (kind == R_ALLOC or kind == R_RESTORE or kind == R_RETRY):
             timing = max(timing, _pending_bound(eng))
@@ -199,9 +206,17 @@ def _run_requests(base: Run, requests: Sequence[tuple], config: AllocatorConfig,
                 run.oom_requests.append((k, r[1]))
         if sync.on and eng.events:
             sync.follow()
-        alloc_a.append(eng.allocated_bytes)
-        res_a.append(eng.reserved_bytes)
-    run.events_replayed = len(alloc_a)
+        # the values after each request: peaks always, the series when asked
+        a, b_r = eng.allocated_bytes, eng.reserved_bytes
+        if a > peak_a:
+            peak_a = a
+        if b_r > peak_r:
+            peak_r, peak_k = b_r, k
+        if series:
+            alloc_a.append(a)
+            res_a.append(b_r)
+    run.events_replayed = k + 1
+    run.peak_allocated_bytes, run.peak_reserved_bytes, run.peak_index = peak_a, max(peak_r, 0), max(peak_k, 0)
     run._timing_bytes = timing  # type: ignore[attr-defined]
     run._open_bytes = open_peak  # type: ignore[attr-defined]
     run._retries_fit = retries_fit  # type: ignore[attr-defined]
@@ -223,10 +238,13 @@ def _pending_bound(eng: Engine) -> int:
 
 
 def _config(settings: str) -> AllocatorConfig:
+    """The settings of a what-if. Raises InputError (a ValueError) naming the settings and what is wrong."""
+    if not isinstance(settings, str):
+        raise InputError(f"what-if settings must be a string like 'expandable_segments:True', got {settings!r:.60}")
     try:
         return AllocatorConfig.from_settings(settings or None)
     except ValueError as e:
-        raise ValueError(f"what-if settings {settings!r}: {e}") from None
+        raise InputError(f"what-if settings {settings!r}: {e}") from None
 
 
 __all__ = ["what_if"]
