@@ -208,3 +208,37 @@ def test_help_describes_suggest_and_the_oom_explanation():
     assert out.returncode == 0
     assert "--suggest" in out.stdout and "PYTORCH_CUDA_ALLOC_CONF" in out.stdout
     assert "explains the first OOM" in " ".join(out.stdout.split())
+
+
+# ----------------------------------------------------------------------------- what-ifs that are not exact
+
+def test_a_what_if_that_is_not_exact_reads_as_a_range_in_text_json_and_suggest():
+    """The record_stream handoff (alloc.doctor_cases, recorded on the H200) leaves the GPU's
+    completion points open for other settings: the report gives the range, never one number."""
+    from experiments.core.units import format_bytes
+
+    rep = doctor(ROOT / "benchmarks" / "data" / "doctor_cases" / "handoff.pickle.gz",
+                 what_if=["expandable_segments:True"], suggest=True, workers=1)
+    w = rep.what_ifs[0]
+    assert w.exact is False and "record_stream completion timing" in w.uncertain and w.bound_bytes > 0
+    lo, hi = w.peak_reserved_range_bytes
+    assert lo <= w.peak_reserved_bytes <= hi and lo < hi
+    text = rep.text()
+    row = next(line for line in text.splitlines() if line.strip().startswith("expandable_segments:True "))
+    assert f"between {format_bytes(lo)} and {format_bytes(hi)}" in row
+    assert format_bytes(w.peak_reserved_bytes) not in row.replace(format_bytes(lo), "").replace(format_bytes(hi), "")
+    assert "expandable_segments:True: not exact (record_stream completion timing)" in text
+    js = json.loads(json.dumps(rep.to_json()))
+    assert js["what_if"][0]["exact"] is False and js["what_if"][0]["peak_reserved_range_bytes"] == [lo, hi]
+    assert js["what_if"][0]["bound_bytes"] == w.bound_bytes and js["what_if"][0]["uncertain"] == w.uncertain
+    sug = js["suggestion"]
+    for r in sug["rows"]:
+        assert {"exact", "bound_bytes", "uncertain", "peak_reserved_range_bytes", "saved_range_bytes"} <= set(r)
+    # a setting is suggested only if even the worst end of its range beats the recorded run
+    if sug["best"] is not None:
+        assert sug["best"]["saved_range_bytes"][0] > 0 or \
+            sug["best"]["oom_events_range"][1] < sug["recorded"]["oom_events"]
+    for r in sug["rows"][:10]:
+        if r["exact"] is False and r["peak_reserved_range_bytes"][0] != r["peak_reserved_range_bytes"][1]:
+            a, b = r["peak_reserved_range_bytes"]
+            assert f"between {format_bytes(a)} and {format_bytes(b)}" in text

@@ -77,7 +77,8 @@ def explain(trace: Trace, base: Run, *, cap_bytes: int | None, total_memory: int
     reserved_unallocated_bytes, largest_free_bytes, pinned (segments with free bytes that
     live blocks pin, most free first: address, segment_bytes, pool, free_bytes, live_blocks
     [address, size, requested_size, frames [[file, line, name], ...]]), followed (whether the
-    exact replay reached the OOM), fits_under and fails_under (settings of ``grid``)."""
+    exact replay reached the OOM), fits_under and fails_under (settings of ``grid`` whose exact
+    what-if served / refused the request), uncertain_under (those whose what-if is not exact)."""
     j = first_oom(trace)
     if j is None:
         return None
@@ -92,7 +93,7 @@ def explain(trace: Trace, base: Run, *, cap_bytes: int | None, total_memory: int
     out["followed"] = followed
     if not followed:      # the model's state there would not be the GPU's: say only what the trace says
         out.update(allocated_bytes=None, reserved_bytes=None, reserved_unallocated_bytes=None,
-                   largest_free_bytes=None, pinned=[], fits_under=[], fails_under=[])
+                   largest_free_bytes=None, pinned=[], fits_under=[], fails_under=[], uncertain_under=[])
         return out
     segs = at.final_segments
     free = [b["size"] for s in segs for b in s["blocks"] if b["state"] == "inactive"]
@@ -114,10 +115,15 @@ def explain(trace: Trace, base: Run, *, cap_bytes: int | None, total_memory: int
                                            for b in live[:TOP_BLOCKS]]})
     pinned.sort(key=lambda p: -p["free_bytes"])
     out["pinned"] = pinned[:TOP_SEGMENTS]
-    out["fits_under"], out["fails_under"] = [], []
+    out["fits_under"], out["fails_under"], out["uncertain_under"] = [], [], []
     k_oom = _retry_index(trace, base, j)
     if grid and k_oom is not None:
         for settings, run in grid.items():
+            # a what-if that is not exact may or may not serve it; what happens after the request
+            # (how long a request that failed on the GPU would have lived) does not matter here
+            if run.exact is False and any(not u.startswith("lifetime of requests") for u in run.uncertain):
+                out["uncertain_under"].append(settings)
+                continue
             failed = any(k == k_oom for k, _ in run.oom_requests)
             (out["fails_under"] if failed else out["fits_under"]).append(settings)
     return out

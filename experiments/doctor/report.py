@@ -43,14 +43,22 @@ cap_source        'given', 'fraction', 'snapshot', 'inferred' (from the OOM entr
 replay            settings, matches_trace, first_mismatch (null, or event_index, action,
                   reason, expected, got), final/peak reserved and allocated bytes, oom_events
 what_if           one object per --what-if: settings, final/peak reserved and allocated bytes,
-                  oom_events
+                  oom_events, and how sure the answer is: exact (true when nothing the
+                  snapshot leaves open can change it), uncertain (what can: record_stream
+                  completion timing, pool attribution, driver address order, pool checkpoint
+                  restores, lifetime of requests that failed in the recording), bound_bytes
+                  (the most peak or final reserved may be off by; 0 when exact),
+                  peak_reserved_range_bytes and final_reserved_range_bytes ([low, high]),
+                  oom_events_range ([fewest, most])
 oom               null, or the explanation of the first out-of-memory: event_index,
                   request_bytes, rounded_bytes, segment_bytes, pool, stream, device_free_bytes,
                   cap_bytes, allocated_bytes, reserved_bytes, reserved_unallocated_bytes,
                   largest_free_bytes, followed, pinned (segments with free bytes that live
                   blocks pin: address, segment_bytes, pool, stream, free_bytes,
                   live_block_count, live_blocks [address, size, requested_size, frames
-                  [[file, line, name], ...]]), fits_under, fails_under (settings)
+                  [[file, line, name], ...]]), fits_under, fails_under (settings
+                  whose exact what-if served / refused the request), uncertain_under
+                  (settings whose what-if is not exact)
 suggestion        null, or (with --suggest) rows (every setting tried, best first:
                   settings, peak_reserved_bytes, final_reserved_bytes, peak_allocated_bytes,
                   oom_events, saved_bytes), recorded (the recorded run's figures), best (the
@@ -58,6 +66,34 @@ suggestion        null, or (with --suggest) rows (every setting tried, best firs
                   line to use, or null), cap_bytes
 Sizes are bytes. New fields may be added; none is removed or renamed within a format.
 """
+
+
+def _between(x: Mapping[str, Any], name: str) -> str:
+    """A what-if's figure as the reader should take it: one number when exact, else the range
+    ("between X and Y") of the runs the snapshot cannot tell apart."""
+    rng = x.get(name.replace("_bytes", "_range_bytes"))
+    if x.get("exact") is False and rng and rng[0] != rng[1]:
+        return f"between {format_bytes(rng[0])} and {format_bytes(rng[1])}"
+    return format_bytes(x[name])
+
+
+def _ooms(x: Mapping[str, Any]) -> str:
+    rng = x.get("oom_events_range")
+    if x.get("exact") is False and rng and rng[0] != rng[1]:
+        return f"between {rng[0]} and {rng[1]}"
+    return str(x["oom_events"])
+
+
+def _uncertain_lines(rows: Sequence[Mapping[str, Any]], label: str = "settings") -> list[str]:
+    """One line per what-if that is not exact: why, and by how much it may be off."""
+    out = []
+    for x in rows:
+        if x.get("exact") is False:
+            why = ", ".join(x.get("uncertain") or ["?"])
+            out.append(f"{x[label] or 'defaults'}: not exact ({why}); " +
+                       (f"peak and final reserved may be off by up to {format_bytes(x['bound_bytes'])}"
+                        if x.get("bound_bytes") else "every alternative the doctor ran gave the same figures"))
+    return out
 
 
 def _layout_stats(segments: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -165,24 +201,30 @@ class Report:
             out.append({"label": label, **run.summary(), **{f"peak_{k}": v for k, v in stats.items()}})
         return out
 
-    def table(self) -> Table:
+    def table(self, notes: bool = True) -> Table:
         """The settings side by side: peak and final reserved, peak allocated, fragmentation at the
-        peak and OOMs, the recorded setting first (an HTML table in a notebook)."""
+        peak and OOMs, the recorded setting first (an HTML table in a notebook). A what-if that
+        is not exact shows its range ("between X and Y"); the caption says why (``notes``)."""
+        rows = self.rows()
+        notes = _uncertain_lines(rows, "label") if notes else []
         return Table(["setting", "peak reserved", "peak allocated", "final reserved", "frag@peak", "OOMs"],
-                     [[x["label"], format_bytes(x["peak_reserved_bytes"]), format_bytes(x["peak_allocated_bytes"]),
-                       format_bytes(x["final_reserved_bytes"]), f"{x['peak_fragmentation']:.2f}", x["oom_events"]]
-                      for x in self.rows()], right=[False, True, True, True, True, True])
+                     [[x["label"], _between(x, "peak_reserved_bytes"), format_bytes(x["peak_allocated_bytes"]),
+                       _between(x, "final_reserved_bytes"), f"{x['peak_fragmentation']:.2f}", _ooms(x)]
+                      for x in rows], "; ".join(notes), right=[False, True, True, True, True, True])
 
-    def suggestion_table(self, top: int = 10) -> Table | None:
+    def suggestion_table(self, top: int = 10, notes: bool = True) -> Table | None:
         """The ranked grid of ``--suggest`` (best first), or None without one."""
         if self.suggestion is None:
             return None
         rec = self.suggestion["recorded"]
+        shown = self.suggestion["rows"][:top]
         rows = [[(r["settings"] or "defaults") + (" (recorded)" if r["settings"] == rec["settings"] else ""),
-                 format_bytes(r["peak_reserved_bytes"]), format_bytes(r["final_reserved_bytes"]), r["oom_events"],
-                 _signed(-r["saved_bytes"])] for r in self.suggestion["rows"][:top]]
+                 _between(r, "peak_reserved_bytes"), _between(r, "final_reserved_bytes"), _ooms(r),
+                 _signed_range(r)] for r in shown]
+        notes = _uncertain_lines(shown) if notes else []
+        caption = f"{len(self.suggestion['rows'])} settings replayed, best first (worst end of a range first)"
         return Table(["setting", "peak reserved", "final reserved", "OOMs", "peak vs yours"], rows,
-                     f"{len(self.suggestion['rows'])} settings replayed, best first",
+                     caption + ("; " + "; ".join(notes) if notes else ""),
                      right=[False, True, True, True, True])
 
     def text(self) -> str:
@@ -192,7 +234,9 @@ class Report:
         if self.oom is not None:
             parts.append(self.oom_text())
         if self.what_ifs:
-            parts += ["the same requests under each setting:"] + ["  " + line for line in str(self.table()).splitlines()]
+            parts += ["the same requests under each setting:"] + \
+                ["  " + line for line in str(self.table(notes=False)).splitlines()] + \
+                ["  " + line for line in _uncertain_lines(self.rows(), "label")]
         if self.suggestion is not None:
             parts.append(self.suggestion_text())
         return "\n".join(parts)
@@ -200,15 +244,16 @@ class Report:
     def suggestion_text(self) -> str:
         """The ranked grid and the line to use."""
         s = self.suggestion or {}
-        lines = ["suggestion:"] + ["  " + line for line in str(self.suggestion_table()).splitlines()]
+        lines = ["suggestion:"] + ["  " + line for line in str(self.suggestion_table(notes=False)).splitlines()]
+        lines += ["  " + line for line in _uncertain_lines(s.get("rows", [])[:10])]
         best, rec = s.get("best"), s.get("recorded", {})
         if best is None:
             lines.append("  no setting of the grid beats the one you ran with (" + (rec.get("settings") or "defaults")
                          + "): keep it")
         else:
-            why = (f"{best['oom_events']} out-of-memory errors instead of {rec['oom_events']}"
+            why = (f"{_ooms(best)} out-of-memory errors instead of {rec['oom_events']}"
                    if best["oom_events"] < rec["oom_events"] else
-                   f"peak reserved {format_bytes(best['peak_reserved_bytes'])} instead of "
+                   f"peak reserved {_between(best, 'peak_reserved_bytes')} instead of "
                    f"{format_bytes(rec['peak_reserved_bytes'])}")
             lines.append(f"  use: {s['alloc_conf']}   ({why})")
         return "\n".join(lines)
@@ -244,10 +289,13 @@ class Report:
         if cap and o["allocated_bytes"] + o["segment_bytes"] > cap:
             lines.append(f"  even with no fragmentation it could not fit: {format_bytes(o['allocated_bytes'])} allocated "
                          f"+ {format_bytes(o['segment_bytes'])} > the cap; only freeing tensors (or a larger cap) helps")
-        if o.get("fits_under") or o.get("fails_under"):
+        if o.get("fits_under") or o.get("fails_under") or o.get("uncertain_under"):
             fits = [s or "defaults" for s in o["fits_under"]]
             lines.append("  this request would have fitted under: " + (", ".join(fits) if fits else
                                                                        "none of the settings tried"))
+            if o.get("uncertain_under"):
+                lines.append("  the doctor cannot say for sure under: "
+                             + ", ".join(s or "defaults" for s in o["uncertain_under"]) + " (not exact)")
         return "\n".join(lines)
 
     def summary(self) -> str:
@@ -307,6 +355,13 @@ class Report:
 
 def _signed(n: int) -> str:
     return ("-" if n < 0 else "+" if n > 0 else "") + format_bytes(abs(n))
+
+
+def _signed_range(r: Mapping[str, Any]) -> str:
+    rng = r.get("saved_range_bytes")
+    if r.get("exact") is False and rng and rng[0] != rng[1]:
+        return f"between {_signed(-rng[1])} and {_signed(-rng[0])}"
+    return _signed(-r["saved_bytes"])
 
 
 def doctor(snapshot: Any, what_if: Sequence[str] = (), *, cap_bytes: int | None = None,

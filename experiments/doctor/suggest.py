@@ -9,8 +9,9 @@ of each family: expandable segments with the best rounding and, under a cap, the
 threshold; the best split size with the best rounding and threshold.
 
 Each setting runs the replay's requests (:func:`experiments.doctor.whatif.what_if`); the
-ranking is by out-of-memory events, then peak reserved bytes, then final reserved bytes, then
-the fewest options. On Linux the runs are spread over the machine's cores in forked processes
+ranking is by out-of-memory events, then peak reserved bytes, then final reserved bytes (each
+at the worst end of its range where the what-if is not exact), then the fewest options; a
+setting is suggested only if even the worst end of its range beats the recorded run. On Linux the runs are spread over the machine's cores in forked processes
 (they share the replay's requests without copying them); elsewhere, and in a browser, they
 run one after the other with the same results.
 """
@@ -62,9 +63,16 @@ def combinations(ranked: Sequence[tuple[str, Run]], cap_bytes: int | None) -> li
     return list(dict.fromkeys(combos))
 
 
+def _worst(run: Run, name: str) -> int:
+    """A figure of ``run`` at the worst end of its range (the figure itself when exact)."""
+    rng = getattr(run, name + "_range" if name == "oom_events" else name.replace("_bytes", "_range_bytes"))
+    return rng[1] if rng else getattr(run, name)
+
+
 def rank_key(settings: str, run: Run) -> tuple:
-    """Fewest OOMs, then lowest peak reserved, then lowest final reserved, then fewest options."""
-    return (run.oom_events, run.peak_reserved_bytes, run.final_reserved_bytes,
+    """Fewest OOMs, then lowest peak reserved, then lowest final reserved (each at the worst end
+    of its range), then fewest options."""
+    return (_worst(run, "oom_events"), _worst(run, "peak_reserved_bytes"), _worst(run, "final_reserved_bytes"),
             0 if not settings else settings.count(",") + 1)
 
 
@@ -81,7 +89,8 @@ def _one(settings: str) -> tuple[str, dict[str, Any]]:
 
 
 _FIELDS = ("events_replayed", "final_reserved_bytes", "final_allocated_bytes", "peak_reserved_bytes",
-           "peak_allocated_bytes", "peak_index", "oom_events", "oom_requests")
+           "peak_allocated_bytes", "peak_index", "oom_events", "oom_requests", "exact", "bound_bytes", "uncertain",
+           "peak_reserved_range_bytes", "final_reserved_range_bytes", "oom_events_range")
 
 
 def _workers(n_jobs: int, n_requests: int) -> int:
@@ -138,9 +147,12 @@ def suggest(base: Run, recorded: str, *, cap_bytes: int | None, total_memory: in
 
     Returns:
         dict with ``rows`` (every setting tried, best first: settings, peak_reserved_bytes,
-        final_reserved_bytes, peak_allocated_bytes, oom_events, and saved_bytes against the
-        recorded run's peak), ``recorded`` (the recorded run's figures), ``best`` (the first
-        row, or None when nothing beats the recorded run), ``alloc_conf`` (the line to use:
+        final_reserved_bytes, peak_allocated_bytes, oom_events, saved_bytes against the
+        recorded run's peak, and the what-if's certainty: exact, bound_bytes, uncertain,
+        peak_reserved_range_bytes, final_reserved_range_bytes, oom_events_range,
+        saved_range_bytes), ``recorded`` (the recorded run's figures), ``best`` (the first
+        row, or None when nothing beats the recorded run even at the worst end of the row's
+        range), ``alloc_conf`` (the line to use:
         ``PYTORCH_CUDA_ALLOC_CONF=...``, or None), ``cap_bytes`` and ``runs`` (settings ->
         Run, for the OOM explanation).
     """
@@ -153,13 +165,18 @@ def suggest(base: Run, recorded: str, *, cap_bytes: int | None, total_memory: in
     ranked = sorted(runs.items(), key=lambda kv: rank_key(*kv))
     rec = {"settings": recorded, "peak_reserved_bytes": base.peak_reserved_bytes,
            "final_reserved_bytes": base.final_reserved_bytes, "oom_events": base.oom_events}
-    rows = [{"settings": s, "peak_reserved_bytes": r.peak_reserved_bytes, "final_reserved_bytes": r.final_reserved_bytes,
-             "peak_allocated_bytes": r.peak_allocated_bytes, "oom_events": r.oom_events,
-             "saved_bytes": base.peak_reserved_bytes - r.peak_reserved_bytes} for s, r in ranked]
+    rows = []
+    for s, r in ranked:
+        row = {"settings": s, **{k: v for k, v in r.summary().items() if k != "settings"},
+               "saved_bytes": base.peak_reserved_bytes - r.peak_reserved_bytes}
+        lo, hi = r.peak_reserved_range_bytes or (r.peak_reserved_bytes, r.peak_reserved_bytes)
+        row["saved_range_bytes"] = [base.peak_reserved_bytes - hi, base.peak_reserved_bytes - lo]
+        rows.append(row)
     top = rows[0] if rows else None
+    worst_ooms = (top.get("oom_events_range") or [0, top["oom_events"]])[1] if top else 0
     better = top is not None and top["settings"] != recorded and (
-        top["oom_events"] < base.oom_events
-        or (top["oom_events"] == base.oom_events and top["peak_reserved_bytes"] < base.peak_reserved_bytes))
+        worst_ooms < base.oom_events
+        or (worst_ooms == base.oom_events and top["saved_range_bytes"][0] > 0))
     return {"rows": rows, "recorded": rec, "best": top if better else None,
             "alloc_conf": f"PYTORCH_CUDA_ALLOC_CONF={top['settings']}" if better and top["settings"] else
             ("PYTORCH_CUDA_ALLOC_CONF= (unset: the defaults)" if better else None),
