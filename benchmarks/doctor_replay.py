@@ -2,7 +2,8 @@
 
 The trace: the eager training loop of ``experiments.allocator.doctor_cases`` (about 450,000
 events), its raw ``torch.cuda.memory._snapshot()`` pickle gzip'd, as ``python -m experiments
-record`` writes it on the lab GPU (``experiments.allocator.doctor_gpu.long_trace_path``);
+record --experiment alloc.doctor_cases`` writes it on the lab GPU
+(``benchmarks/data/doctor_cases/eager_long.pickle.gz``: ``doctor_cases.pickle_dir()``);
 ``--trace PATH`` takes another (a pickle, gzip'd or not). Prints, against the targets for the
 2-core CI machine:
 
@@ -44,10 +45,9 @@ from experiments.doctor.suggest import run_many, suggest  # noqa: E402
 from experiments.doctor.trace import Trace, read  # noqa: E402
 
 WHAT_IFS = ("expandable_segments:True", "max_split_size_mb:64", "roundup_power2_divisions:4")
-# Where the lab GPU's recording is written (experiments/allocator/doctor_gpu.py long_trace_path;
+# Where the lab GPU's recording is written (experiments/allocator/doctor_cases.py pickle_dir;
 # not imported from there: that module registers an experiment and imports the registry).
-LONG_TRACE = ROOT / "benchmarks" / "data" / "nvidia-h200.eager_long.pickle.gz"
-FALLBACK = Path("/work/main/.devtmp/call1/pickles/eager_long.pickle.gz")   # the lab's first recording
+LONG_TRACE = ROOT / "benchmarks" / "data" / "doctor_cases" / "eager_long.pickle.gz"
 
 _HWM = """
 import atexit, runpy, sys
@@ -191,7 +191,7 @@ def main() -> None:
     ap.add_argument("--synthetic", action="store_true", help="also the synthetic traces")
     ap.add_argument("--events", type=int, default=1_000_000, help="events of each synthetic trace")
     a = ap.parse_args()
-    path = a.trace or (LONG_TRACE if LONG_TRACE.exists() else FALLBACK)
+    path = a.trace or LONG_TRACE
     if not path.exists():
         raise SystemExit(f"no trace at {path}: record it on a GPU with `python -m experiments record --experiment "
                          "alloc.doctor_cases`, or give --trace PATH")

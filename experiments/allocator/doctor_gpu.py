@@ -418,14 +418,3 @@ def own_snapshot(workload: str = "training", *, mode: str | None = None) -> dict
     result = run("alloc.doctor_snapshots", mode="recorded", workload=workload)
     base = next(r for r in result["runs"] if r["settings"] == "")
     return {**base, "source": f"recorded on {result.provenance.gpu_name}, {result.provenance.day}"}
-
-
-def long_trace_path(gpu: str = "nvidia-h200") -> Any:
-    """Where the long eager training loop's raw snapshot (``doctor_cases`` case 'eager_long',
-    default settings; the gzip'd ``_snapshot()`` pickle, ~450,000 events) is kept when the lab
-    records ``alloc.doctor_cases`` from a checkout: ``benchmarks/data/<gpu>.eager_long.pickle.gz``,
-    the input of ``benchmarks/doctor_replay.py`` (not in ``experiments/recorded/``, which holds
-    the recorded JSON files only, nor in the wheel)."""
-    from pathlib import Path
-
-    return Path(__file__).resolve().parents[2] / "benchmarks" / "data" / f"{gpu}.eager_long.pickle.gz"
