@@ -323,6 +323,30 @@ def test_case_study_assembles_its_result(monkeypatch):
     assert "5.0 ms issuing the update" in text and "1.33x" in text
 
 
+def test_case_study_leaves_no_tensor_behind(monkeypatch):
+    """Live, the case study must leave memory_allocated() where it found it (the GPU side
+    is tests/test_memory_left_gpu.py). On the CPU the same defect is a tensor that outlives
+    the call: the lab GPU found 65 MiB left after syncs.case_study, and one cause was the
+    sync-free helper's device index cached for the life of the process."""
+    import gc
+
+    import torch
+
+    monkeypatch.setattr(syncs_case, "host_ms_per_step", lambda ts, fn: (10.0, dict.fromkeys(syncs_case.PHASES, 3.0)))
+    monkeypatch.setattr(syncs_case, "queued_gpu_ms", lambda fn, *, lead_ms: (fn(), 1.0)[1])
+    monkeypatch.setattr(syncs_case, "choose_batch", lambda ts, target_ms, *, lead_ms: (8, 8.0))
+    monkeypatch.setattr(syncs_case, "measure_variant", lambda ts, fn, *, steps: (ts.step(fn), _stand_in_variant(10.0, 0))[1])
+    monkeypatch.setattr(syncs_case, "FIRST_BATCH", 8)
+    monkeypatch.setattr(syncs_case, "_SUM_INDEX", {})  # as in a fresh process
+    gc.collect()
+    before = [o for o in gc.get_objects() if issubclass(type(o), torch.Tensor)]  # kept alive: ids stay unique
+    seen = {id(o) for o in before}
+    syncs_case.run_case_study(1.0, 10, device=torch.device("cpu"))
+    gc.collect()
+    left = [tuple(o.shape) for o in gc.get_objects() if issubclass(type(o), torch.Tensor) and id(o) not in seen]
+    assert not left, f"tensors made by the case study are still alive after it returned: {left}"
+
+
 # ================================================================ claims against edited copies of the recordings
 
 def test_claims_fail_when_the_data_says_so(recorded_mode):
