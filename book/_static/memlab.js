@@ -4,6 +4,12 @@
  *    .secondary-toggle only (pydata-sphinx-theme issue #2451); the buttons a phone shows
  *    are later ones, so they forward their tap to the first.
  * 3. Figures shown smaller than their pixels open full size on a click or tap.
+ * 4. Solution titles (issue #19): sphinx-exercise makes most of a solution's title a link
+ *    back to its exercise, so a tap on the title scrolled away instead of opening the
+ *    solution. The title becomes plain text that opens and closes it; the link back to
+ *    the exercise moves to the first line of the solution.
+ * 5. Drawers (issue #19): a link chosen in the phone's "Contents" or navigation drawer
+ *    closes the drawer, then goes where it points.
  */
 (function () {
   "use strict";
@@ -108,8 +114,50 @@
     });
   }
 
+
+  /* ---- 4. Solution titles: a tap anywhere on the title opens the solution. ---- */
+  function setupSolutionTitles() {
+    document.querySelectorAll(".solution.dropdown > .admonition-title").forEach(function (title) {
+      const link = title.querySelector("a[href]");
+      if (!link) return;
+      const label = document.createElement("span");
+      label.className = "memlab-solution-label";
+      label.textContent = link.textContent;
+      link.replaceWith(label);
+      const back = document.createElement("p");
+      back.className = "memlab-solution-back";
+      const a = document.createElement("a");
+      a.href = link.getAttribute("href");
+      a.className = "reference internal";
+      a.textContent = "Back to" + link.textContent;
+      back.appendChild(a);
+      const content = title.parentNode.querySelector(":scope > section, :scope > p, :scope > div");
+      if (content && content.tagName === "SECTION") content.prepend(back);
+      else title.after(back);
+    });
+  }
+
+  /* ---- 5. Drawers: choosing a link closes the drawer first. ---- */
+  function setupDrawerLinks() {
+    document.querySelectorAll("#pst-primary-sidebar-modal, #pst-secondary-sidebar-modal").forEach(function (dialog) {
+      dialog.addEventListener("click", function (ev) {
+        const a = ev.target.closest && ev.target.closest("a[href]");
+        if (!a || !dialog.open || ev.defaultPrevented) return;
+        if (ev.button !== 0 || ev.metaKey || ev.ctrlKey || ev.shiftKey || ev.altKey || a.target === "_blank") return;
+        ev.preventDefault();
+        const href = a.href;
+        // The theme's own close handler moves the links back and focuses the menu button;
+        // going to the link after it keeps that focus from scrolling the page back up.
+        dialog.addEventListener("close", function () {
+          window.setTimeout(function () { window.location.href = href; }, 0);
+        }, { once: true });
+        dialog.close();
+      });
+    });
+  }
+
   function ready(fn) {
     if (document.readyState !== "loading") fn(); else document.addEventListener("DOMContentLoaded", fn);
   }
-  ready(function () { setupExplorers(); setupMenus(); setupZoom(); });
+  ready(function () { setupExplorers(); setupMenus(); setupZoom(); setupSolutionTitles(); setupDrawerLinks(); });
 })();
