@@ -562,7 +562,7 @@ streams.check_allocation_stream(None)  # replace None with "a", "b", "c" or "d"
 #   helpers of this book do it for you:
 #
 #   ```python
-#   from experiments.measure import track_memory
+#   from experiments.core.measure import track_memory
 #   with track_memory() as mem:
 #       train_step()
 #   print(mem.delta.mib())   # allocated, active and reserved peaks in MiB

@@ -623,6 +623,8 @@ ex.show_claim("syncs.debug_mode_blind_spot")
 # pytest_plugins = ["experiments.pytest_plugin"]
 #
 # # test_training.py
+# import pytest
+#
 # def test_train_step_is_sync_free(sync_detector):
 #     model, batch = build_model_and_batch()   # set-up may sync: not checked
 #     train_step(model, batch)                 # warm-up: constants are built once here

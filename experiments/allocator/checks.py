@@ -1,7 +1,7 @@
 """Self-checking exercises of chapter 1, and ``try_sequence`` for your own allocation patterns
 (imported into :mod:`experiments.allocator`).
 
-Each ``check_*`` function returns :class:`experiments.checks.Feedback`; ``None`` answers
+Each ``check_*`` function returns :class:`experiments.core.checks.Feedback`; ``None`` answers
 mean "not answered yet". Expected values come from the lab GPU's recorded result (or
 your GPU's, in live mode) where the exercise is about a measurement, and from the
 allocator model (:mod:`experiments.allocator.model`, itself checked against the GPU)

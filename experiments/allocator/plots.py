@@ -1,6 +1,6 @@
 """Figures and tables of chapter 1 (imported into :mod:`experiments.allocator`).
 
-Every ``plot_*`` function takes a :class:`~experiments.registry.Result` (or a list of
+Every ``plot_*`` function takes a :class:`~experiments.core.registry.Result` (or a list of
 them) and returns a matplotlib Figure with the provenance footer; the ``*_table``
 functions return a small object that notebooks show as an HTML table and ``print``
 shows as text. Sizes on axes are in MiB.

@@ -1,7 +1,7 @@
 """A recorded-grid explorer that needs no kernel: the static book's form of ``panel()``.
 
 When the book is built (``CUDA_MEMLAB_STATIC=1``, set by ``make book``) in recorded mode,
-:func:`experiments.widgets.panel` returns an :class:`Explorer` instead of ipywidgets,
+:func:`experiments.core.widgets.panel` returns an :class:`Explorer` instead of ipywidgets,
 whose views need a live kernel and the widget JavaScript from a CDN. The explorer
 renders every recorded point of the grid once, at build time, and writes plain HTML:
 native, labelled form controls (``<input type="range">`` over the recorded values,
@@ -72,7 +72,7 @@ class Explorer:
     """Every recorded point of an experiment's grid, with controls to pick one, as static HTML.
 
     Args:
-        exp: the :class:`~experiments.registry.Experiment`.
+        exp: the :class:`~experiments.core.registry.Experiment`.
         title: shown above the controls.
         options: ``{parameter: recorded values}`` in control order (each list non-empty).
         fixed: parameters held at a value (not shown).

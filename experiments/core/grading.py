@@ -12,7 +12,7 @@ redefined check, takes part.
 A check cell is the code cell tagged ``exercise: <label>`` in its metadata (the book's
 notebook generator tags them with :func:`tag_exercise_cells`), or failing that the first
 code cell that calls the exercise's check function. The answers are the arguments bound
-to the check's answer parameters (:class:`experiments.checks.Exercise`); other arguments
+to the check's answer parameters (:class:`experiments.core.checks.Exercise`); other arguments
 (``result=``) are the check's own and ignored.
 
 Statuses: ``correct``, ``wrong``, ``unanswered`` (the check's ``None``), ``missing`` (no

@@ -71,7 +71,7 @@ def stamp(fig: Figure, source: Any) -> Figure:
     """Write where the data came from under the figure.
 
     Args:
-        source: a :class:`~experiments.registry.Result`, a list of them (one line if
+        source: a :class:`~experiments.core.registry.Result`, a list of them (one line if
             they share a provenance), or a string.
     """
     if isinstance(source, str):

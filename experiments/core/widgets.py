@@ -93,7 +93,7 @@ def panel(
         exp_id: experiment id.
         render: turns a :class:`Result` into something displayable (a Figure, HTML...).
         params: names of the parameters to expose (default: all not in ``fixed``).
-        mode: 'auto', 'live' or 'recorded' (see :func:`experiments.registry.resolve_mode`).
+        mode: 'auto', 'live' or 'recorded' (see :func:`experiments.core.registry.resolve_mode`).
         **fixed: parameters held at a value, not shown.
 
     Returns:

@@ -1,6 +1,6 @@
 """Self-checking exercises of chapter 3 (pinned memory).
 
-Each ``check_*`` returns a :class:`~experiments.checks.Feedback`; ``None`` as the answer
+Each ``check_*`` returns a :class:`~experiments.core.checks.Feedback`; ``None`` as the answer
 means "not answered yet". :func:`check_loader` runs the reader's loader on the GPU (and
 says so, without failing, where there is none); :func:`judge_loader` is its verdict on
 the measured numbers, kept separate so it can be tested without a GPU.

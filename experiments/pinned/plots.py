@@ -1,4 +1,4 @@
-"""Figures of chapter 3 (pinned memory). Each takes a :class:`~experiments.registry.Result`
+"""Figures of chapter 3 (pinned memory). Each takes a :class:`~experiments.core.registry.Result`
 of the matching ``pinned.*`` experiment (or a list, where it says so), returns a closed
 Figure, and stamps where the numbers were measured. Units: ms, MiB, GB/s (1e9 B/s).
 

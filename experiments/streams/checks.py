@@ -1,5 +1,5 @@
 """Exercise checks for chapter 2 (cross-stream memory). Each returns a
-:class:`~experiments.checks.Feedback`; ``None`` as the answer means "not answered yet".
+:class:`~experiments.core.checks.Feedback`; ``None`` as the answer means "not answered yet".
 
 Checks that compare with a measurement use the ``streams.*`` result passed in, or run
 (on a GPU) or read (recorded, without one) the experiment's default point.

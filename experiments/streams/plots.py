@@ -1,4 +1,4 @@
-"""Figures for chapter 2 (cross-stream memory). Each takes a :class:`~experiments.registry.Result`
+"""Figures for chapter 2 (cross-stream memory). Each takes a :class:`~experiments.core.registry.Result`
 of one ``streams.*`` experiment and returns a Figure with the provenance footer.
 Memory in MiB above the start of a run; times in ms.
 """

@@ -1,6 +1,6 @@
 """Chapter 4 figures and tables, drawn from experiment results (live or recorded).
 
-Every figure carries its provenance (:func:`experiments.plotting.stamp`); times are in
+Every figure carries its provenance (:func:`experiments.core.plotting.stamp`); times are in
 ms, sizes in KiB/MiB.
 """
 from __future__ import annotations
