@@ -10,6 +10,9 @@
  *    the exercise moves to the first line of the solution.
  * 5. Drawers (issue #19): a link chosen in the phone's "Contents" or navigation drawer
  *    closes the drawer, then goes where it points.
+ * 6. Identifiers in tables (issue #19): claim ids and check names break after a dot or an
+ *    underscore (a <wbr> there), never inside a word; memlab.css turns off the break
+ *    anywhere that long inline code gets elsewhere.
  */
 (function () {
   "use strict";
@@ -156,8 +159,28 @@
     });
   }
 
+  /* ---- 6. Identifiers in tables: break after "." or "_" only. ---- */
+  function setupIdentifierBreaks() {
+    document.querySelectorAll("article table code").forEach(function (code) {
+      const walker = document.createTreeWalker(code, NodeFilter.SHOW_TEXT);
+      const texts = [];
+      while (walker.nextNode()) texts.push(walker.currentNode);
+      texts.forEach(function (node) {
+        const parts = node.nodeValue.split(/(?<=\w[._])(?=\w)/);
+        if (parts.length < 2) return;
+        const frag = document.createDocumentFragment();
+        parts.forEach(function (part, i) {
+          if (i) frag.appendChild(document.createElement("wbr"));
+          frag.appendChild(document.createTextNode(part));
+        });
+        node.replaceWith(frag);
+      });
+      code.classList.add("memlab-identifier");
+    });
+  }
+
   function ready(fn) {
     if (document.readyState !== "loading") fn(); else document.addEventListener("DOMContentLoaded", fn);
   }
-  ready(function () { setupExplorers(); setupMenus(); setupZoom(); setupSolutionTitles(); setupDrawerLinks(); });
+  ready(function () { setupExplorers(); setupMenus(); setupZoom(); setupSolutionTitles(); setupDrawerLinks(); setupIdentifierBreaks(); });
 })();

@@ -273,7 +273,7 @@ al.oom_figures_table(oom, "interleave")
 
 # %%
 for key, fix in al.OOM_FIXES.items():
-    print(f"{key:>21}: {fix}")
+    print(f"{key!r}: {fix}")
 al.check_oom_reading(None, None)  # (MiB, key of al.OOM_FIXES)
 
 # %% [markdown]

@@ -491,10 +491,8 @@ graph = ex.run("pinned.graph_replay")
 pinned.plot_graph_replay(graph)
 
 # %%
-import textwrap  # noqa: E402
-
 error = graph["pageable_capture_error"]
-print(textwrap.fill(f"Capturing a copy from pageable memory raised: {error}", 88))
+print(f"Capturing a copy from pageable memory raised: {error}")
 ex.show_claim("pinned.graph_reads_captured_address")
 
 # %% [markdown]

@@ -27,8 +27,6 @@
 # - how to keep your code sync-free with a detector and a pytest fixture.
 
 # %%
-import textwrap
-
 import experiments as ex
 from experiments import syncs
 
@@ -579,7 +577,7 @@ if ex.has_cuda():
         clipped = torch.where(x > 0, x, 0.0)  # stays on the device
     print(det.report())
 else:
-    print(textwrap.fill(syncs.no_gpu_message(), 88))
+    print(syncs.no_gpu_message())
 
 # %% [markdown]
 # The next experiment runs cases the debug mode handles badly through both detectors,

@@ -206,15 +206,22 @@ def oom_figures_table(result: Any, pattern: str = "interleave") -> Table:
     return Table(["what the message says", "value"], oom_rows(figures), caption=result.caption())
 
 
-def oom_message(result: Any, pattern: str = "interleave", width: int = 88) -> str:
-    """The out-of-memory message one pattern raised, wrapped to ``width`` characters
-    (or a line saying that the request fitted)."""
+def oom_message(result: Any, pattern: str = "interleave", width: int | None = None) -> str:
+    """The out-of-memory message one pattern raised, as one paragraph (or a line saying
+    that the request fitted).
+
+    Args:
+        width: wrap to this many characters (a terminal). By default the text is not
+            wrapped: a page or notebook wraps it to its own width, and a second wrap at
+            a fixed width leaves ragged lines there.
+    """
     import textwrap
 
     p = result.data["patterns"][pattern]
     if not p["oom"]:
         return f"'{pattern}': no out-of-memory error, the request fitted."
-    return textwrap.fill(" ".join(p["message"].split()), width, break_long_words=False, break_on_hyphens=False)
+    text = " ".join(p["message"].split())
+    return textwrap.fill(text, width, break_long_words=False, break_on_hyphens=False) if width else text
 
 
 def plot_fragmentation_oom(result: Any, pattern: str = "interleave") -> Any:

@@ -15,7 +15,6 @@ Helpers live in :mod:`.ops` (the catalogue's operations), :mod:`.case`
 from __future__ import annotations
 
 import re
-import textwrap
 import time
 from typing import Any, Mapping
 
@@ -451,7 +450,7 @@ def describe_case_study(result: Any) -> str:
         fb, met, upd = CASE_PHASES
         model = d.get("predicted_ms") or predicted_step_ms(host, gpu)
         lines += [
-            f"Before the sync the GPU has {gpu[fb] + gpu[met]:.1f} ms of forward, backward and metrics to run;",
+            f"Before the sync the GPU has {gpu[fb] + gpu[met]:.1f} ms of forward, backward and metrics to run; "
             f"after it the host spends {host[upd]:.1f} ms issuing the update loops, which need {gpu[upd]:.1f} ms "
             "of GPU time.",
             f"Sync-free, the step needs {sum(host.values()):.1f} ms of host and {sum(gpu.values()):.1f} ms of "
@@ -459,7 +458,8 @@ def describe_case_study(result: Any) -> str:
             f"The queue model predicts {model['hidden_sync']:.1f} ms with the sync and {model['sync_free']:.1f} ms "
             "without it.",
         ]
-    return "\n".join(textwrap.fill(line, 88) for line in lines)
+    # One sentence a line, not wrapped: the page or notebook wraps to its own width.
+    return "\n".join(lines)
 
 
 
@@ -494,6 +494,6 @@ def find_hidden_syncs() -> str:
     else:
         r = run("syncs.case_study")
         lines = r["variants"]["hidden_sync"]["sync_report"]
-        head = "\n".join(textwrap.wrap(r.caption() + ":", 88))
+        head = r.caption() + ":"
     count = f"{len(lines)} host-device sync{'s' if len(lines) != 1 else ''} detected in one step"
     return "\n".join([head, count + (":" if lines else ".")] + _report_lines(lines))
