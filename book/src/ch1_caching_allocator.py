@@ -475,8 +475,13 @@ al.graph_pools_table(graphs)
 
 # %% [markdown]
 # Add the memory that the captures hold outside the shared pool (the table's note) to the
-# model's autograd rows, and you get the lab notes' 574, 194 and 202 MiB. Order matters
-# either way; what autograd keeps alive makes every capture larger.
+# model's autograd rows, and compare with the lab notes' figures quoted above:
+
+# %%
+print(al.autograd_pool_totals(graphs))
+
+# %% [markdown]
+# Order matters either way; what autograd keeps alive makes every capture larger.
 #
 # For your own server: capture in decreasing batch order, or set
 # `expandable_segments:True` before CUDA starts; capture under `torch.no_grad()`; and
@@ -698,7 +703,7 @@ report.figure()
 # ```{exercise} Do the other knobs help this training loop?
 # :label: ex-alloc-doctor
 #
-# Expandable segments save about a quarter of the reserved memory here. What about the
+# The table above shows what expandable segments save here. What about the
 # other two knobs of this chapter, `max_split_size_mb:64` and
 # `roundup_power2_divisions:4`? Predict which of them leaves the loop with less memory
 # reserved than the defaults (one of `al.DOCTOR_SETTINGS`), then run the cell after the
@@ -728,9 +733,9 @@ al.plot_doctor_snapshots(training)
 # growing requests share sizes, but every block is a little larger, and here that costs
 # more than it saves. The doctor's row for the recorded setting is the exact replay; its
 # what-ifs for expandable segments and for `max_split_size_mb` equal the GPU's own runs to
-# the byte, and the rounding one is within 3 % (which of two equal free blocks is reused
-# depends on the addresses the driver picks, which a what-if knows only while it asks the
-# driver for the same segments as the recorded run did).
+# the byte, and the rounding one differs a little (the table shows by how much): which of
+# two equal free blocks is reused depends on the addresses the driver picks, which a
+# what-if knows only while it asks the driver for the same segments as the recorded run did.
 # ```
 
 # %% [markdown]

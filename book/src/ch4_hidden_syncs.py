@@ -410,11 +410,12 @@ syncs.plot_case_study(case)
 # queued back to back (dotted). The table splits them by phase and puts the measured step times next to a queue
 # model (`syncs.predicted_step_ms`): sync-free, the slower side sets the pace; with the
 # sync, the GPU's forward and backward are followed by the host's update loops. The model
-# is an approximation, not a fit: where the GPU has at least as much work as the host it
-# comes within about 7 % and errs high (for the step with the sync in the case shown,
-# 28.6 ms predicted against 26.9 ms measured; the table has both). Where the host sets the pace
-# (`balance` 0.5 in the panel below), it undershoots: the host's phases, timed one at a
-# time, add up to less than the same work takes inside the running loop.
+# is an approximation, not a fit: the last line under the table says how far it is from the
+# measured step times of the case shown, and the three balances further down print both.
+# On the lab GPU it came close wherever the GPU had at least as much work as the host, and
+# undershot where the host sets the pace (`balance` 0.5 in the panel below): the host's
+# phases, timed one at a time, add up to less than the same work takes inside the running
+# loop.
 
 # %%
 syncs.case_study_table(case)
@@ -465,8 +466,9 @@ for balance in (0.5, 1.0, 2.0):
     r = ex.run("syncs.case_study", balance=balance)
     hidden = r["variants"]["hidden_sync"]["step_ms"]["median"]
     free = r["variants"]["sync_free"]["step_ms"]["median"]
-    print(f"balance {balance:g}: {hidden:5.1f} ms per step with the sync, "
-          f"{free:5.1f} ms without: {r['speedup']:.2f}x")
+    model = r["predicted_ms"]
+    print(f"balance {balance:g}: {hidden:5.1f} ms per step with the sync, {free:5.1f} ms without: "
+          f"{r['speedup']:.2f}x (model: {model['hidden_sync']:.1f} and {model['sync_free']:.1f} ms)")
 
 # %% [markdown]
 # In the panel you can look at each balance's figure:

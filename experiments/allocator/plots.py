@@ -381,6 +381,30 @@ def graph_pools_table(results: Any) -> Table:
     return Table(header, rows, caption=note + " / ".join(dict.fromkeys(r.caption() for r in results)))
 
 
+def autograd_pool_totals(results: Any) -> str:
+    """What the autograd captures of ``alloc.graph_pools`` cost the whole process, per
+    setting and order (MiB): the model's shared pool plus the memory the same run reserved
+    outside the pool (the growth of ``memory_reserved()`` less the pool). These are the
+    figures the lab notes measured for the MLP in bfloat16; one line per setting, or a line
+    saying that the autograd captures were not recorded."""
+    from .predict import _graph_variants, predict_graph_pools
+
+    lines = []
+    for r in _graph_results(results):
+        expandable = bool(r.params.get("expandable"))
+        measured = _graph_variants(r.data).get("autograd")
+        name = "expandable segments" if expandable else "default settings"
+        if not measured:
+            lines.append(f"{name}: the autograd captures were not recorded")
+            continue
+        model = predict_graph_pools(r.data, expandable=expandable)["autograd"]
+        totals = [mib(model[o][-1] + measured[o]["reserved_growth_bytes"] - measured[o]["pool_reserved_bytes"])
+                  for o in ("increasing", "decreasing")]
+        lines.append(f"{name}: model plus outside the pool, {totals[0]:.0f} MiB smallest batch first, "
+                     f"{totals[1]:.0f} MiB largest first")
+    return "\n".join(lines)
+
+
 # ----------------------------------------------------------------------------- pool boundary
 
 def plot_pool_boundary(result: Any) -> Any:

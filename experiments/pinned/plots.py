@@ -426,4 +426,9 @@ def ring_summary(results: Sequence[Result]) -> str:
         lines.append(f"{'  unsafe: wrong, GPU starts behind':<36}"
                      + "".join(f"{r.data['no_wait']['stall_wrong_batches']:>6}/{2 * r.params['buffers'] + 2:<2}"
                                for r in rs))
+        if len(rs) > 1:
+            first, last = rs[0], rs[-1]
+            ratio = first.data["with_events"]["ms_per_batch"] / last.data["with_events"]["ms_per_batch"] - 1
+            lines.append(f"  safe, {first.params['buffers']} buffer{'s' * (first.params['buffers'] != 1)} against "
+                         f"{last.params['buffers']}: {ratio:+.0%} time per batch")
     return "\n".join(lines)

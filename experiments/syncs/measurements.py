@@ -436,6 +436,12 @@ def _claim_case_study(d: Mapping[str, Any]) -> tuple[bool, dict[str, Any]]:
                    "syncs per step (hidden, free)": [hidden["syncs_per_step"], free["syncs_per_step"]]}
 
 
+def _off(model: float, measured: float) -> str:
+    """'7% above', '12% below' or 'within 1% of': a model's figure against a measured one."""
+    rel = model / measured - 1
+    return "within 1% of" if abs(rel) < 0.01 else f"{abs(rel):.0%} {'above' if rel > 0 else 'below'}"
+
+
 def describe_case_study(result: Any) -> str:
     """The case study's numbers in a few sentences, from a ``syncs.case_study`` result.
 
@@ -455,8 +461,9 @@ def describe_case_study(result: Any) -> str:
             "of GPU time.",
             f"Sync-free, the step needs {sum(host.values()):.1f} ms of host and {sum(gpu.values()):.1f} ms of "
             "GPU time.",
-            f"The queue model predicts {model['hidden_sync']:.1f} ms with the sync and {model['sync_free']:.1f} ms "
-            "without it.",
+            f"The queue model predicts {model['hidden_sync']:.1f} ms with the sync ({_off(model['hidden_sync'], hidden)} "
+            f"the measured {hidden:.1f} ms) and {model['sync_free']:.1f} ms without it "
+            f"({_off(model['sync_free'], free)} the measured {free:.1f} ms).",
         ]
     # One sentence a line, not wrapped: the page or notebook wraps to its own width.
     return "\n".join(lines)
