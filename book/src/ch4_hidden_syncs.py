@@ -462,13 +462,15 @@ ex.show_claim("syncs.case_study_speedup")
 # next to the step. The three recorded balances (on a GPU this cell measures all three):
 
 # %%
+lines = []
 for balance in (0.5, 1.0, 2.0):
     r = ex.run("syncs.case_study", balance=balance)
     hidden = r["variants"]["hidden_sync"]["step_ms"]["median"]
     free = r["variants"]["sync_free"]["step_ms"]["median"]
     model = r["predicted_ms"]
-    print(f"balance {balance:g}: {hidden:5.1f} ms per step with the sync, {free:5.1f} ms without: "
-          f"{r['speedup']:.2f}x (model: {model['hidden_sync']:.1f} and {model['sync_free']:.1f} ms)")
+    lines.append(f"balance {balance:g}: {hidden:5.1f} ms per step with the sync, {free:5.1f} ms without: "
+                 f"{r['speedup']:.2f}x (model: {model['hidden_sync']:.1f} and {model['sync_free']:.1f} ms)")
+print("\n".join(lines))
 
 # %% [markdown]
 # In the panel you can look at each balance's figure:
