@@ -140,3 +140,21 @@ def test_memory_left_as_found_is_a_no_op_without_a_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: pytest.fail("read without a GPU"))
     with measure.memory_left_as_found():
         pass
+
+
+def test_memory_left_as_found_keeps_the_experiments_own_error(monkeypatch):
+    """A clean-up that fails after the experiment failed (a CUDA error left behind) does
+    not hide the experiment's error."""
+    cuda = _FakeAllocator(monkeypatch, allocated=0)
+
+    def broken_sync(device=None):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(torch.cuda, "synchronize", broken_sync)
+    with pytest.raises(ValueError, match="the experiment's own"):
+        with measure.memory_left_as_found():
+            cuda.allocated += 512
+            raise ValueError("the experiment's own error")
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        with measure.memory_left_as_found():
+            cuda.allocated += 512

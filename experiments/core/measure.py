@@ -301,13 +301,22 @@ def memory_left_as_found() -> Iterator[None]:
         yield
         return
     before = torch.cuda.memory_allocated()
+    failed = False
     try:
         yield
+    except BaseException:
+        failed = True
+        raise
     finally:
-        if torch.cuda.is_initialized() and torch.cuda.memory_allocated() > before:
-            gc.collect()
-            if torch.cuda.memory_allocated() > before:
-                release_library_workspaces()
+        try:
+            if torch.cuda.is_initialized() and torch.cuda.memory_allocated() > before:
+                gc.collect()
+                if torch.cuda.memory_allocated() > before:
+                    release_library_workspaces()
+        except Exception:
+            if not failed:
+                raise
+            # The experiment's own error is the one to see, not a failed clean-up after it.
 
 
 # ---------------------------------------------------------------- calibrated GPU delay
