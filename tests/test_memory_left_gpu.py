@@ -45,7 +45,7 @@ def range_ends(exp: Experiment) -> list[dict[str, Any]]:
         elif p.kind == "bool":
             ends = [False, True]
         else:
-            ends = [int(v) if p.kind == "int" else float(v) for v in (p.min, p.max)]
+            ends = [int(v) if p.kind == "int" else float(v) for v in (p.min, p.max) if v is not None]
         if p.name in REPEAT_COUNTS:
             ends = ends[:1]
         for value in ends:
