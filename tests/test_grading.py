@@ -501,3 +501,27 @@ def test_live_grading_scores_the_other_gpu_exercises(tmp_path):
         assert [r.status for r in rows[:-1]] == ["correct"] * (len(rows) - 1), \
             [(r.exercise, r.status, r.feedback) for r in rows]
         assert rows[-1].score == rows[-1].max_score
+
+
+def test_judges_refuse_data_no_harness_returns():
+    """A harness's data comes out of a sandbox the student's function ran in: a judge checks
+    its shape and raises ReportError (an 'error' row), never anything else (a grader bug)."""
+    from experiments.core.checks import EXERCISES, ReportError
+
+    notebooks.exercises()
+    judged = [ex for ex in EXERCISES.values() if ex.takes_function]
+    assert {ex.label for ex in judged} == {"ex-alloc-frag-index", "ex-alloc-pages", "ex-streams-handoff",
+                                           "ex-pinned-loader", "ex-syncs-rewrite"}
+    forged = [None, 1, "correct", [], {}, {"correct": True}, {"outputs": "x"}, {"outputs": [{"value": "1"}] * 6},
+              {"outputs": [{"value": 0.5, "raised": "x"}] * 36}, {"gpu": True}, {"gpu": "yes"},
+              {"gpu": True, "error": None, "error_kind": None, "trials": "three"},
+              {"gpu": True, "n_batches": 8, "n_buffers": 2, "yielded": [8], "wrong_batches": [[]], "ahead_ms": 1.0,
+               "queued_ms": 200.0},
+              {"gpu": True, "findings": [], "raised": None, "diff": ""}]
+    for ex in judged:
+        for report in forged:
+            try:
+                fb = ex.judge(report)
+            except ReportError:
+                continue
+            assert fb.correct is not True, (ex.label, report, fb)

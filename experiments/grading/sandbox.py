@@ -21,10 +21,12 @@ What a sandboxed process gets (:meth:`Sandbox.command` builds it):
   own processes and cannot reach the terminal. When the grader kills the sandbox (its
   time is up) or dies, every process in it dies with it (``--die-with-parent``; the
   kernel ends a PID namespace with its first process);
-- **an unprivileged user**: run as root, the grader starts the sandbox as ``nobody``
-  (``setpriv``) in a user namespace of its own, and where the kernel allows no such
-  namespace, bwrap runs as root and ``setpriv`` drops to a user id of its own before
-  anything else starts. Run as another user, it is that user in a user namespace;
+- **an unprivileged user**: run as root, the grader starts the sandbox as ``nobody`` in a
+  user namespace of its own; where that cannot work (the kernel allows no such namespace,
+  or Python lies in a folder ``nobody`` cannot read, such as ``/root``), bwrap runs as
+  root and a few lines of Python (:data:`DROP`) switch to a user id of the sandbox's own,
+  with no capabilities, before anything else starts. Run as another user, it is that user
+  in a user namespace;
 - **limits** (:class:`Limits`), set by the first process inside before any submitted code
   runs (:func:`apply_limits`): memory (``RLIMIT_AS`` and ``RLIMIT_DATA``; with a GPU,
   ``RLIMIT_DATA`` only, because CUDA reserves far more address space than it uses),
@@ -36,11 +38,10 @@ What a sandboxed process gets (:meth:`Sandbox.command` builds it):
 With ``--live``, the GPU's device nodes (``/dev/nvidia*``) are bound into the sandbox, and
 nothing else extra.
 
-Requirements: ``bwrap`` (0.8 or newer, for ``--size``) and, when the grader runs as root,
-``setpriv`` (util-linux), on a Linux kernel that lets bwrap create the namespaces: run as
-root it always can; run as another user it needs unprivileged user namespaces (Debian's
-default). :meth:`Sandbox.prepare` tries each way in turn with a real Python start and
-says, in one line, why none works.
+Requirements: ``bwrap`` (0.8 or newer, for ``--size``) on a Linux kernel that lets bwrap
+create the namespaces: run as root it always can; run as another user it needs
+unprivileged user namespaces (Debian's default). :meth:`Sandbox.prepare` tries each way in
+turn with a real Python start and says, in one line, why none works.
 """
 from __future__ import annotations
 
@@ -68,6 +69,11 @@ BWRAP_ENV = "CUDA_MEMLAB_BWRAP"  # a bwrap binary to use instead of the one on P
 NOBODY = 65534
 FIRST_UID = 2_000_000_000   # the user ids of sandboxes when bwrap runs as root without a user namespace
 SHM_BYTES = 64 << 20
+# Inside bwrap run as root: leave root for the sandbox's user id and groups, then run the command.
+# bwrap has set no_new_privs and mounts everything nosuid, so nothing can gain privileges back.
+DROP = ("import os, sys; uid = int(sys.argv[1]); groups = [int(g) for g in sys.argv[2].split(',') if g]; "
+        "os.setgroups(groups); os.setresgid(uid, uid, uid); os.setresuid(uid, uid, uid); "
+        "os.execv(sys.argv[3], sys.argv[3:])")
 
 
 class SandboxUnavailable(RuntimeError):
@@ -314,20 +320,28 @@ class Sandbox:
         if mode == "root-drop":
             bw += ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
                    "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--"]
-            bw += [shutil.which("setpriv") or "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
-                   "--inh-caps=-all", "--bounding-set=-all", "--"]
+            bw += [sys.executable, "-S", "-c", DROP, str(uid), ",".join(map(str, self.device_groups()))]
         else:
             bw += ["--unshare-all", "--unshare-user", "--disable-userns", "--"]
-        cmd = bw + list(argv)
-        if mode == "nobody":
-            cmd = [shutil.which("setpriv") or "setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
-                   "--inh-caps=-all", "--"] + cmd
-        return cmd
+        return bw + list(argv)
+
+    def device_groups(self) -> list[int]:
+        """With ``live``, the groups of GPU device nodes that not everyone may open (kept by the
+        sandbox's user, so that CUDA can open them)."""
+        if not self.live:
+            return []
+        out = set()
+        for node in glob.glob("/dev/nvidia*"):
+            try:
+                st = os.stat(node)
+            except OSError:
+                continue
+            if st.st_mode & 0o006 != 0o006:
+                out.add(st.st_gid)
+        return sorted(out)
 
     def _modes(self) -> list[str]:
-        if os.geteuid() == 0:
-            return ["nobody", "root-drop"] if shutil.which("setpriv") else []
-        return ["user"]
+        return ["nobody", "root-drop"] if os.geteuid() == 0 else ["user"]
 
     # ------------------------------------------------------------------ running
 
@@ -345,8 +359,6 @@ class Sandbox:
             raise SandboxUnavailable("bubblewrap is not installed (Debian: apt-get install bubblewrap; or name a bwrap "
                                      f"binary in ${BWRAP_ENV})")
         modes = self._modes()
-        if not modes:
-            raise SandboxUnavailable("setpriv (util-linux) is missing, and the grader runs as root")
         probe = "import experiments.grading.capture, nbclient, ipykernel; print('memlab-sandbox-ok')"
         why = []
         for mode in modes:
@@ -394,8 +406,9 @@ class Sandbox:
                 env = self.environment(mode=mode, home=SCRATCH,
                                        pythonpath=self.pythonpath(hidden, self.shown_again(hidden)))
                 cmd, cwd = self.command(python, mode=self.mode, scratch_mib=limits.scratch_mib, uid=uid), "/"
+            user = dict(user=NOBODY, group=NOBODY, extra_groups=self.device_groups()) if self.mode == "nobody" else {}
             return _run(cmd, env, cwd, request, seconds=seconds, max_output=max_output,
-                        group_kill=self.mode == "unsafe")
+                        group_kill=self.mode == "unsafe", user=user)
         finally:
             if uid is not None:
                 with self._lock:
@@ -408,10 +421,10 @@ class Sandbox:
 
 
 def _run(cmd: list[str], env: dict[str, str], cwd: str, request: bytes, *, seconds: float, max_output: int,
-         group_kill: bool) -> Outcome:
+         group_kill: bool, user: dict[str, Any] | None = None) -> Outcome:
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                            cwd=cwd, start_new_session=True, close_fds=True)
+                            cwd=cwd, start_new_session=True, close_fds=True, **(user or {}))
     lines: list[bytes] = []
     tail = bytearray()
     state = {"bytes": 0, "over": False}
