@@ -489,18 +489,23 @@ def test_live_grading_scores_the_gpu_exercise(tmp_path):
         [(r.exercise, r.status, r.feedback) for r in rows]
 
 
+def _all_correct(rows):
+    assert [r.status for r in rows[:-1]] == ["correct"] * (len(rows) - 1), [(r.exercise, r.status, r.feedback) for r in rows]
+    assert rows[-1].score == rows[-1].max_score > 0
+
+
 @pytest.mark.gpu
-def test_live_grading_scores_the_other_gpu_exercises(tmp_path):
-    """On a GPU: the book's own solutions of chapters 2 and 4's GPU exercises (the event
-    handoff, the sync-free rewrite) get full points live, the other exercises too."""
-    ch2 = _live(tmp_path, CH2, CH2_RIGHT, {"ex-streams-handoff": (
-        "streams.check_event_handoff(None)", "streams.check_event_handoff(my_handoff)")})
-    ch4 = _live(tmp_path, CH4, {**CH4_RIGHT, "ex-syncs-classify": _classification(False)}, {"ex-syncs-rewrite": (
-        "syncs.check_sync_free_rewrite(None)", "syncs.check_sync_free_rewrite(reduce_grad_stats_sync_free)")})
-    for rows in (ch2, ch4):
-        assert [r.status for r in rows[:-1]] == ["correct"] * (len(rows) - 1), \
-            [(r.exercise, r.status, r.feedback) for r in rows]
-        assert rows[-1].score == rows[-1].max_score
+def test_live_grading_scores_chapter_2_with_the_event_handoff(tmp_path):
+    """On a GPU: chapter 2 answered with its solutions, the event handoff included, graded live."""
+    _all_correct(_live(tmp_path, CH2, CH2_RIGHT, {"ex-streams-handoff": (
+        "streams.check_event_handoff(None)", "streams.check_event_handoff(my_handoff)")}))
+
+
+@pytest.mark.gpu
+def test_live_grading_scores_chapter_4_with_the_sync_free_rewrite(tmp_path):
+    """On a GPU: chapter 4 answered with its solutions, the sync-free rewrite included, graded live."""
+    _all_correct(_live(tmp_path, CH4, {**CH4_RIGHT, "ex-syncs-classify": _classification(False)}, {"ex-syncs-rewrite": (
+        "syncs.check_sync_free_rewrite(None)", "syncs.check_sync_free_rewrite(reduce_grad_stats_sync_free)")}))
 
 
 def test_judges_refuse_data_no_harness_returns():

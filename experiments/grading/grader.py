@@ -211,7 +211,8 @@ class Grader:
         for p in plans:
             status, text, full = results[p.ex.label]
             points = 0.0 if (p.ex.needs_gpu and not self.live) else float(p.ex.points)
-            shown = full if (self.feedback == "full" and full) else text
+            # the check's own message can echo the student's answer: one line, bounded
+            shown = _text(full, 1000) if (self.feedback == "full" and full) else text
             rows.append(Row(nb_name, p.ex.label, points if status == "correct" else 0.0, points, status, shown))
         counts = {s: sum(r.status == s for r in rows) for s in STATUSES}
         summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
