@@ -395,6 +395,7 @@ def test_without_a_sandbox_grade_refuses_in_one_line(tmp_path, capsys, monkeypat
 
     (tmp_path / "other.ipynb").write_text(nbformat.writes(nbformat.v4.new_notebook()))
     monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
+    monkeypatch.setenv(sandbox.BWRAP_ENV, str(tmp_path / "no-bwrap"))  # `make test` names one
     code, out, err = _cli([tmp_path / "other.ipynb"], capsys)
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
     assert "refusing to run untrusted notebooks unsandboxed: bubblewrap is not installed" in err
@@ -530,3 +531,19 @@ def test_judges_refuse_data_no_harness_returns():
             except ReportError:
                 continue
             assert fb.correct is not True, (ex.label, report, fb)
+
+
+def test_a_cell_that_breaks_the_parser_is_a_cell_without_a_check_call():
+    """Issue 16: a cell that makes Python's parser raise (RecursionError, MemoryError) stopped
+    grading for the class. Here: no check call in it, and a check cell like it is an error."""
+    from experiments.core.checks import EXERCISES
+
+    notebooks.exercises()
+    for bomb in ("x = " + "1+" * 20_000 + "1", "x = " + "-" * 50_000 + "1", "x = " + "[" * 300 + "]" * 300,
+                 "x = 1\n" * 20_000):
+        assert notebooks.parse_cell(bomb) is None or len(bomb) <= notebooks.MAX_PARSE_CHARS
+        assert notebooks.find_check_call(bomb + "\npinned.check_rounding(4)", "check_rounding") is None
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("y = " + "1+" * 20_000 + "1\npinned.check_rounding(4)")])
+    nb.cells[0].metadata["exercise"] = "ex-pinned-rounding"
+    [p] = notebooks.plan(nb, [EXERCISES["ex-pinned-rounding"]])
+    assert (p.status, "does not parse" in p.problem) == ("error", True)

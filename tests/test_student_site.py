@@ -228,4 +228,5 @@ def test_student_site_has_no_way_to_the_full_book_or_the_repository(student_site
         text = page.read_text()
         hrefs = re.findall(r'href="([^"]*)"', text)
         assert not [h for h in hrefs if any(f in h for f in full)], (page.name, [h for h in hrefs if any(f in h for f in full)])
+        assert not any(f in text for f in full), f"{page.name} names the repository or the full book"
         assert "Source repository" not in text and "Open an issue" not in text, page.name

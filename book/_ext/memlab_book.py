@@ -14,7 +14,8 @@
   ``memlab: {reveals: <exercise label>}`` (set in book/src) keeps its code and loses its
   output (a "Show the answer" fold, a measurement after a check), with a note in its place;
   with ``points: [{param: value}, ...]`` as well, only the explorer views at those points
-  are withheld (an explorer above an exercise whose answer is one of its settings).
+  are withheld (an explorer above an exercise whose answer is one of its settings). The
+  Colab set-up cell, which names the repository, is left out of the student pages.
 """
 from __future__ import annotations
 
@@ -92,6 +93,10 @@ def _withhold_answers(app, doctree):
 
     for cell in list(doctree.findall(nodes.container)):
         if cell.get("nb_element") != "cell_code":
+            continue
+        if "colab-setup" in (cell.get("cell_metadata") or {}).get("tags", []):
+            # it installs the package from the repository, whose address the student pages do not give
+            cell.parent.remove(cell)
             continue
         meta = (cell.get("cell_metadata") or {}).get("memlab") or {}
         label = meta.get("reveals") if isinstance(meta, dict) else None

@@ -256,9 +256,10 @@ def plan(nb: nbformat.NotebookNode, exs: Sequence[Exercise]) -> list[Plan]:
             p.status, p.problem = "error", f"its check cell is larger than the {MAX_PARSE_CHARS // 1024} KiB the grader reads"
         else:
             call = _calls(cell_tree(p.cell), ex.check_name)
-            if call is None:
-                why = "does not parse as Python" if cell_tree(p.cell) is None else f"no longer calls {ex.check_name}"
-                p.status, p.problem = "missing", f"its check cell {why}"
+            if cell_tree(p.cell) is None:
+                p.status, p.problem = "error", "its check cell does not parse as Python (or nests too deeply to read)"
+            elif call is None:
+                p.status, p.problem = "missing", f"its check cell no longer calls {ex.check_name}"
             else:
                 exprs = answer_expressions(cell_tree(p.cell)[0], call, ex)
                 if isinstance(exprs, str):
