@@ -13,6 +13,8 @@ import importlib.util
 import os
 import re
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -59,6 +61,20 @@ def main() -> None:
             described = g.prepare()
             print(f"{way:10s}: {described}; finding it took {time.perf_counter() - t0:.1f} s")
             graders[way] = g
+        sb = graders["sandboxed"].sandbox
+        start = {}
+        for way, argv in (("sandboxed", None), ("bare", [sys.executable, "-S", "-c", "pass"])):
+            runs = []
+            for _ in range(20):
+                t0 = time.perf_counter()
+                if argv is None:
+                    sb.run(["-S", "-c", "pass"], b"", seconds=30, limits=Limits(), module=None)
+                else:
+                    subprocess.run(argv, check=True)
+                runs.append(time.perf_counter() - t0)
+            start[way] = statistics.median(runs) * 1e3
+        print(f"starting a Python that does nothing: {start['bare']:.0f} ms bare, {start['sandboxed']:.0f} ms in the "
+              f"sandbox (median of 20); a notebook starts one sandbox, and one more per function answer")
         print(f"{'notebook':28s} {'sandboxed':>10s} {'no sandbox':>11s} {'overhead':>9s}  result")
         for p in paths:
             took = {}
