@@ -45,7 +45,7 @@ def test_colab_launch_button_points_at_the_notebook(built):
 def test_instructors_page_has_the_generated_exercise_table(built):
     import html as html_mod
 
-    from experiments.core.grading import exercises
+    from experiments.grading.notebooks import exercises
 
     page = html_mod.unescape((built / "book" / "instructors.html").read_text())
     text = re.sub(r"<[^>]+>", "", page).replace("\u2019", "'")  # Sphinx's smart quotes

@@ -11,6 +11,9 @@ from experiments.core.chapters import CHAPTERS
 
 PKG = Path(__file__).resolve().parent.parent / "experiments"
 CHAPTER_PACKAGES = [c.module for c in CHAPTERS if (PKG / c.module).is_dir()]
+# Tools that readers and instructors take home, packages of their own beside the chapters.
+TOOL_PACKAGES = sorted(p.name for p in PKG.iterdir() if (p / "__init__.py").exists()
+                       and p.name not in {"core", *CHAPTER_PACKAGES})
 ROLES = {"measurements", "model", "plots", "checks", "workloads"}
 # Modules a chapter may have beside the roles, each named for what it holds.
 # The doctor (issue 11): engine (the full allocator: streams, pools, cap), trace (reader),
@@ -115,12 +118,21 @@ def test_no_import_cycle_anywhere():
     assert not found, "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
 
 
-def test_core_imports_no_chapter():
+def test_core_imports_no_chapter_and_no_tool():
     graph = import_graph()
-    chapters = tuple(f"experiments.{c.module}" for c in CHAPTERS)
-    bad = {m: sorted(t for t in ts if t.startswith(chapters)) for m, ts in graph.items()
+    assert "grading" in TOOL_PACKAGES, TOOL_PACKAGES
+    outside = tuple(f"experiments.{c.module}" for c in CHAPTERS) + tuple(f"experiments.{t}" for t in TOOL_PACKAGES)
+    bad = {m: sorted(t for t in ts if t.startswith(outside)) for m, ts in graph.items()
            if m.startswith("experiments.core")}
     assert not {m: ts for m, ts in bad.items() if ts}
+
+
+def test_the_chapters_declare_exercises_and_only_the_grader_imports_it():
+    graph = import_graph()
+    bad = {m: sorted(t for t in ts if t == "experiments.grading" or t.startswith("experiments.grading."))
+           for m, ts in graph.items() if not (m == "experiments.grading" or m.startswith("experiments.grading."))}
+    assert not {m: ts for m, ts in bad.items() if ts}, "modules that import the grader"
+    assert any(t.startswith("experiments.core.checks") for t in graph["experiments.grading.grader"])
 
 
 def test_nothing_inside_imports_a_face():

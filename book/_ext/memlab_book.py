@@ -10,9 +10,18 @@
 - With ``memlab_student = True`` (the student edition): no download button, whose
   notebooks carry the solutions (Jupyter Book 1 ignores ``html.use_download_button``),
   and no ``_sources/`` folder, where sphinx-book-theme copies the executed notebooks.
+  Outputs that answer an exercise are withheld: a code cell whose metadata says
+  ``memlab: {reveals: <exercise label>}`` (set in book/src) keeps its code and loses its
+  output (a "Show the answer" fold, a measurement after a check), with a note in its place;
+  with ``points: [{param: value}, ...]`` as well, only the explorer views at those points
+  are withheld (an explorer above an exercise whose answer is one of its settings). The
+  Colab set-up cell, which names the repository, is left out of the student pages.
 """
 from __future__ import annotations
 
+import html
+import json
+import re
 import shutil
 from pathlib import Path
 
@@ -40,6 +49,75 @@ def _page_context(app, pagename, templatename, context, doctree):
                                      if "download" not in str(b.get("tooltip", "")).lower()]
 
 
+VIEW = re.compile(r'(<figure class="memlab-view" data-point="(?P<point>[^"]*)"(?P<rest>[^>]*)>)(?P<body>.*?)(</figure>)',
+                  re.S)
+
+
+def _matches(point: dict, specs: list) -> bool:
+    return any(isinstance(spec, dict) and all(point.get(k) == v for k, v in spec.items()) for spec in specs)
+
+
+def _withhold_points(node, specs: list, label: str) -> int:
+    """Replace the explorer views at ``specs`` in the raw HTML under ``node``; returns how many."""
+    from docutils import nodes
+
+    count = 0
+    for raw in list(node.findall(nodes.raw)):
+        text = raw.astext()
+
+        def sub(m):
+            nonlocal count
+            try:
+                point = json.loads(html.unescape(m.group("point")))
+            except ValueError:
+                return m.group(0)
+            if not (isinstance(point, dict) and _matches(point, specs)):
+                return m.group(0)
+            count += 1
+            note = (f'<p class="memlab-withheld"><em>Withheld in the student edition: this setting is the answer to '
+                    f'<a href="#{html.escape(label)}">the exercise</a> below. Choose it in your notebook after you '
+                    f"have checked your answer.</em></p>")
+            return m.group(1) + note + m.group(5)
+
+        new = VIEW.sub(sub, text)
+        if new != text:
+            raw.replace_self(nodes.raw("", new, format=raw.get("format", "html")))
+    return count
+
+
+def _withhold_answers(app, doctree):
+    """Student edition: withhold the outputs that answer an exercise (see the module docstring)."""
+    if not app.config.memlab_student:
+        return
+    from docutils import nodes
+
+    for cell in list(doctree.findall(nodes.container)):
+        if cell.get("nb_element") != "cell_code":
+            continue
+        if "colab-setup" in (cell.get("cell_metadata") or {}).get("tags", []):
+            # it installs the package from the repository, whose address the student pages do not give
+            cell.parent.remove(cell)
+            continue
+        meta = (cell.get("cell_metadata") or {}).get("memlab") or {}
+        label = meta.get("reveals") if isinstance(meta, dict) else None
+        if not label:
+            continue
+        if meta.get("points"):
+            if not _withhold_points(cell, meta["points"], label):
+                raise ValueError(f"{app.env.docname}: no explorer view at {meta['points']} to withhold for {label}")
+            continue
+        for out in [c for c in cell.children if isinstance(c, nodes.container) and c.get("nb_element") == "cell_code_output"]:
+            cell.remove(out)
+        for key in ("hide_mode", "prompt_show", "prompt_hide"):
+            if key in cell.attributes:
+                del cell.attributes[key]
+        text = nodes.emphasis()
+        text += nodes.Text("Withheld in the student edition: this output is the answer to ")
+        text += nodes.reference("", "the exercise", refid=label, internal=True)
+        text += nodes.Text(". Run the cell in your notebook after you have checked your answer.")
+        cell += nodes.paragraph("", "", text, classes=["memlab-withheld"])
+
+
 def _build_finished(app, exception):
     # sphinx-book-theme copies each executed notebook (solutions included) into _sources/
     # for its download button, whatever html_copy_source says: the student edition has none.
@@ -52,6 +130,7 @@ def setup(app):
     app.connect("config-inited", _config_inited, priority=900)
     app.connect("html-page-context", _page_context, priority=999)
     app.connect("build-finished", _build_finished)
+    app.connect("doctree-read", _withhold_answers)
     app.add_js_file("memlab.js", defer="defer")
     app.add_css_file("memlab.css")
     return {"parallel_read_safe": True, "parallel_write_safe": True}

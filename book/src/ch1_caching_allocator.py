@@ -148,7 +148,7 @@ al.plot_timeline(timeline)
 # Change the settings below: `small_mib=8` gives 8 MiB and 16 MiB tensors, and
 # `expandable` turns on expandable segments ({ref}`ch1-expandable`).
 
-# %%
+# %% memlab={"reveals": "ex-alloc-predict-timeline", "points": [{"small_mib": 8}]}
 ex.panel("alloc.timeline", al.plot_timeline)
 
 # %% [markdown]
@@ -165,7 +165,7 @@ ex.panel("alloc.timeline", al.plot_timeline)
 # %%
 al.check_timeline_prediction(None, None)  # (small first, large first), in MiB
 
-# %% tags=["hide-output"] mystnb={"code_prompt_show": "Show the answer", "code_prompt_hide": "Hide the answer"}
+# %% tags=["hide-output"] mystnb={"code_prompt_show": "Show the answer", "code_prompt_hide": "Hide the answer"} memlab={"reveals": "ex-alloc-predict-timeline"}
 al.plot_timeline(ex.run("alloc.timeline", small_mib=8))
 
 # %% [markdown]
@@ -716,7 +716,7 @@ for key, text in al.DOCTOR_SETTINGS.items():
     print(key, text)
 al.check_doctor_setting(None)  # "a", "b", "c" or "d"
 
-# %% tags=["hide-output"] mystnb={"code_prompt_show": "Show the answer", "code_prompt_hide": "Hide the answer"}
+# %% tags=["hide-output"] mystnb={"code_prompt_show": "Show the answer", "code_prompt_hide": "Hide the answer"} memlab={"reveals": "ex-alloc-doctor"}
 display(al.lab_comparison_table(al.lab_comparison(training)))
 al.plot_doctor_snapshots(training)
 

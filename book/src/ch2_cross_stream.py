@@ -369,7 +369,7 @@ streams.check_allocated_peak(my_allocated_mib)
 # peaks show all 32.
 # ```
 
-# %% tags=["hide-output"]
+# %% tags=["hide-output"] memlab={"reveals": "ex-streams-allocated"}
 streams.plot_counters(sweep)
 
 # %% [markdown]
