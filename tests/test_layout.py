@@ -19,7 +19,8 @@ ROLES = {"measurements", "model", "plots", "checks", "workloads"}
 # The doctor (issue 11): engine (the full allocator: streams, pools, cap), trace (reader),
 # replay (exact replay), doctor (what-if, report, figure, CLI), doctor_gpu (its recordings);
 # one module each keeps every file under MAX_LINES.
-EXTRA = {"allocator": {"snapshot", "gpu", "predict", "fresh", "trace", "doctor", "engine", "replay", "doctor_gpu"},
+EXTRA = {"allocator": {"snapshot", "gpu", "predict", "fresh", "trace", "doctor", "engine", "replay", "doctor_gpu",
+                       "doctor_cases"},  # the programs the doctor is checked against on the GPU
          "streams": set(), "pinned": {"host", "host_cache", "staging"},
          "syncs": {"ops", "case", "detector"}}
 MAX_LINES = 600
