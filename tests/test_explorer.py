@@ -121,3 +121,26 @@ def test_each_variant_carries_what_the_browser_test_measures(recorded_mode):
         assert abs(int(a["width"]) - width_in * dpi) < 0.35 * dpi
     assert 'loading="lazy"' in img and html_unescape(re.search(r'alt="([^"]*)"', img).group(1)).startswith(
         "Figure of ")
+
+
+def test_book_figures_survive_the_inline_backend_resetting_the_formatters(static):
+    """While the book is built, a cell's Figure is shown as <picture> (text/html). The inline
+    backend, when it starts or is set again, drops every Figure formatter but its PNG one:
+    the book's must be back before the next cell runs."""
+    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.core.pylabtools import select_figure_formats
+    from matplotlib.figure import Figure
+
+    from experiments.core import explorer
+
+    shell = InteractiveShell.instance()
+    try:
+        assert explorer.install_book_figures()
+        html_formatter = shell.display_formatter.formatters["text/html"]
+        assert html_formatter.type_printers.get(Figure) is explorer.figure_html
+        select_figure_formats(shell, {"png"})  # what the inline backend does
+        assert Figure not in html_formatter.type_printers
+        shell.events.trigger("pre_run_cell", None)
+        assert html_formatter.type_printers.get(Figure) is explorer.figure_html
+    finally:
+        InteractiveShell.clear_instance()

@@ -69,7 +69,7 @@ def _variant(fig: Any) -> dict[str, Any]:
     """One drawn figure: its PNG and what the book's tests measure on it."""
     from PIL import Image
 
-    from .plotting import save_measured
+    from .figure_text import save_measured
 
     raw, measured = save_measured(fig)
     data = _palette_png(raw)

@@ -76,10 +76,16 @@ def plot_async_copy(result: Result) -> Figure:
     err = [[m - v["host_blocked_ms"]["p10"] for m, v in zip(meds, vs)],
            [v["host_blocked_ms"]["p90"] - m for m, v in zip(meds, vs)]]
     colors = [PALETTE[0] if v["host"] == "pinned" else PALETTE[1] for v in vs]
-    rects = ax.bar(labels, meds, yerr=err, capsize=3, color=colors)
-    for rect, m in zip(rects, meds):
-        ax.annotate(f"{m:.3g}", (rect.get_x() + rect.get_width() / 2, rect.get_height()), ha="left",
-                    va="bottom", fontsize=8, xytext=(4, 2), textcoords="offset points")
+    rects = ax.bar(range(len(labels)), meds, yerr=err, capsize=3, color=colors)
+    ax.set_xticks(range(len(labels)))
+    if is_narrow():  # four two-line names do not fit side by side: one line each, turned
+        ax.set_xticklabels([label.replace("\n", ", ") for label in labels], rotation=30, ha="right",
+                           rotation_mode="anchor")
+    else:
+        ax.set_xticklabels(labels)
+    for rect, m, v in zip(rects, meds, vs):  # above the bar and its p90 whisker, so neither hides it
+        ax.annotate(f"{m:.3g}", (rect.get_x() + rect.get_width() / 2, max(m, v["host_blocked_ms"]["p90"])),
+                    ha="center", va="bottom", fontsize=8, xytext=(0, 3), textcoords="offset points")
     queued = max(v["queued_gpu_ms"] for v in vs)
     # named in a legend under the axes: a label by the line would cross the bars
     ax.axhline(queued, color="#b5403a", linestyle="--", linewidth=1, label=f"GPU work queued ahead: {queued:.1f} ms")
@@ -186,7 +192,10 @@ def plot_pow2_rounding(result: Result) -> Figure:
                        ha=pick("center", "right"))
     ax.set_xlabel("pin_memory=True request")
     ax.set_ylabel("size (MiB, log scale)")
-    ax.legend(loc="upper left")
+    if is_narrow():  # above the bars it would cover their ratios
+        legend_below(ax, fontsize=8)
+    else:
+        ax.legend(loc="upper left")
     ax.grid(axis="x", visible=False)
     return stamp(fig, result)
 
