@@ -397,8 +397,8 @@ def stream_lanes(
 
     Args:
         lanes: lane name -> intervals, each a dict with ``start_ms``, ``end_ms``,
-            optional ``label`` (shown where the box is wide enough) and ``color`` (a palette
-            index or a color).
+            optional ``label`` (shown where the box is wide enough, else ``short_label`` if
+            that fits) and ``color`` (a palette index or a color).
         marks: (time in ms, label) pairs drawn as vertical lines (e.g. a free).
 
     Raises:
@@ -420,9 +420,12 @@ def stream_lanes(
             color = iv.get("color", 0)
             color = PALETTE[color % len(PALETTE)] if isinstance(color, int) else color
             ax.barh(row, end - start, left=start, height=0.6, color=color, edgecolor="white", linewidth=0.6)
-            text = str(iv.get("label") or "")
-            # a label only where the box is wider than the label
-            if text and (end - start) / span * axes_pt > (len(text) * _EM_PER_CHAR + 1) * MIN_FONT_PT:
+            # a label only where the box is wider than the label (or than its short form)
+            room = (end - start) / span * axes_pt
+            fits = [t for t in (str(iv.get("label") or ""), str(iv.get("short_label") or ""))
+                    if t and room > (len(t) * _EM_PER_CHAR + 1) * MIN_FONT_PT]
+            text = fits[0] if fits else ""
+            if text:
                 ax.text((start + end) / 2, row, text, ha="center", va="center", fontsize=MIN_FONT_PT,
                         color="white", clip_on=True)
     for x, label in marks:

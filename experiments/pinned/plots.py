@@ -57,7 +57,10 @@ def plot_bandwidth(result: Result) -> Figure:
     ax.set_title(f"{_DIRECTION[d['direction']]}: {d['pinned_gbps'][-1]:.1f} GB/s pinned, "
                  f"{d['pageable_gbps'][-1]:.1f} GB/s pageable at {format_bytes(big)}")
     ax.set_ylim(bottom=0, top=max([*d["pinned_gbps"], (link or {}).get("peak_gbps") or 0]) * 1.15)
-    ax.legend(loc="center right")
+    if is_narrow():  # in the narrow axes the rising pinned curve runs under it
+        legend_below(ax, fontsize=8)
+    else:
+        ax.legend(loc="center right")
     return stamp(fig, result)
 
 

@@ -246,15 +246,15 @@ def plot_timeline(result: Result) -> Any:
     d = result.data
     span = max([d["span_ms"]] + [e for _, e in d["consumer"]])
     min_w = span / 400  # keep microsecond-long host steps visible
-    def box(s: float, e: float, color: str, label: str) -> dict[str, Any]:
+    def box(s: float, e: float, color: str, label: str, short: str = "") -> dict[str, Any]:
         return {"start_ms": s, "end_ms": max(e, s + min_w), "color": color,
-                "label": label if e - s > 0.07 * span else ""}
+                "label": label if e - s > 0.07 * span else "", "short_label": short}
     colors = [BLOCK_COLORS[b % len(BLOCK_COLORS)] for b in d["block"]]
     consumer = []
     for i, ((s, e), c) in enumerate(zip(d["consumer"], colors)):
         read = d["read_mean"][i]
         text = f"L{i + 1}" if read == i + 1 else f"L{i + 1} read {read:.3g}"
-        consumer.append(box(s, e, c, text))
+        consumer.append(box(s, e, c, text, f"L{i + 1}" if read == i + 1 else f"L{i + 1}→{read:.3g}"))
     lanes = {
         "host": [box(s, e, GRAY, f"L{i + 1}") for i, (s, e) in enumerate(d["host"])],
         "producer stream": [box(s, e, c, f"AG {i + 1}") for i, ((s, e), c) in enumerate(zip(d["producer"], colors))],

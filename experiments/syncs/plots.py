@@ -135,7 +135,7 @@ def plot_catalogue(result: Result) -> Figure:
         ax.set_yticks([])
         ax.set_ylim(len(rows) - 0.45, -0.6)
         for y, r in zip(ys, rows):
-            ax.text(0.0, y - 0.22, r["code"], transform=label_at, ha="left", va="center", fontsize=MIN_FONT_PT,
+            ax.text(0.012, y - 0.22, r["code"], transform=label_at, ha="left", va="center", fontsize=MIN_FONT_PT,
                     family="monospace", bbox=dict(boxstyle="square,pad=0.1", fc="white", ec="none", alpha=0.9))
             ax.text(1.0, y + 0.2, f"graph: {_capture_text(r['capturable'])}", transform=label_at, ha="right",
                     va="center", fontsize=MIN_FONT_PT, color="#444444")
@@ -384,7 +384,7 @@ def _blind_spots_rows(result: Result) -> Figure:
                         fontsize=MIN_FONT_PT, color="#444444")
         if y:
             ax.axhline(y - 0.55, color="#dddddd", linewidth=0.8)
-        ax.text(0.0, y - 0.25, c["label"], transform=label_at, ha="left", va="center", fontsize=MIN_FONT_PT)
+        ax.text(0.012, y - 0.25, c["label"], transform=label_at, ha="left", va="center", fontsize=MIN_FONT_PT)
         ax.text(1.0, y - 0.25, f"waited {c['host_blocked_ms']['median']:.1f} ms", transform=label_at, ha="right",
                 va="center", fontsize=MIN_FONT_PT, color=SYNC_RED if _missed(c, d) else "#444444")
     ax.set_yticks([])
