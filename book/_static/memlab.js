@@ -1,57 +1,11 @@
 /* CUDA Memory Lab: the book's own script, shipped with the site (no CDN).
- * 1. Recorded-grid explorers: show the figure of the point the controls select.
- * 2. Phone menus: pydata-sphinx-theme 0.17 binds its drawer to the first .primary-toggle /
- *    .secondary-toggle only (pydata-sphinx-theme issue #2451); the buttons a phone shows
- *    are later ones, so they forward their tap to the first.
- * 3. Figures shown smaller than their pixels open full size on a click or tap.
+ * Phone menus: pydata-sphinx-theme 0.17 binds its drawer to the first .primary-toggle /
+ * .secondary-toggle only (pydata-sphinx-theme issue #2451); the buttons a phone shows
+ * are later ones, so they forward their tap to the first.
+ * Explorers and figures: memlab-figures.js.
  */
 (function () {
   "use strict";
-
-  function explorerValues(explorer) {
-    const chosen = {};
-    explorer.querySelectorAll("[data-param]").forEach(function (c) {
-      if (c.type === "radio" && !c.checked) return;
-      if (c.type === "range") {
-        const values = JSON.parse(c.dataset.values);
-        const labels = JSON.parse(c.dataset.labels);
-        chosen[c.dataset.param] = values[+c.value];
-        c.setAttribute("aria-valuetext", labels[+c.value]);
-        const out = c.parentNode.querySelector("output");
-        if (out) out.textContent = labels[+c.value];
-      } else {
-        chosen[c.dataset.param] = JSON.parse(c.value);
-      }
-    });
-    return chosen;
-  }
-
-  function sameParams(point, chosen) {
-    return Object.keys(chosen).every(function (k) {
-      return JSON.stringify(point[k]) === JSON.stringify(chosen[k]);
-    });
-  }
-
-  function update(explorer) {
-    const chosen = explorerValues(explorer);
-    let found = false;
-    explorer.querySelectorAll(".memlab-view").forEach(function (v) {
-      const match = !found && sameParams(JSON.parse(v.dataset.point), chosen);
-      v.hidden = !match;
-      found = found || match;
-    });
-    const missing = explorer.querySelector(".memlab-explorer-missing");
-    if (missing) missing.hidden = found;
-  }
-
-  function setupExplorers() {
-    document.querySelectorAll(".memlab-explorer").forEach(function (explorer) {
-      const form = explorer.querySelector("form");
-      form.addEventListener("input", function () { update(explorer); });
-      form.addEventListener("change", function () { update(explorer); });
-      update(explorer);
-    });
-  }
 
   function setupMenus() {
     [".primary-toggle", ".secondary-toggle"].forEach(function (sel) {
@@ -68,48 +22,8 @@
     });
   }
 
-  let zoom = null;
-  function openZoom(img) {
-    if (!zoom) {
-      zoom = document.createElement("dialog");
-      zoom.className = "memlab-zoom";
-      zoom.setAttribute("aria-label", "Figure at full size (press Escape or tap to close)");
-      zoom.addEventListener("click", function () { zoom.close(); });
-      document.body.appendChild(zoom);
-    }
-    zoom.innerHTML = "";
-    const big = document.createElement("img");
-    big.src = img.src;
-    big.alt = img.alt;
-    zoom.appendChild(big);
-    zoom.showModal();
-  }
-
-  function setupZoom() {
-    document.querySelectorAll("article .cell_output img").forEach(function (img) {
-      function mark() {
-        const small = img.naturalWidth > img.getBoundingClientRect().width * 1.1;
-        img.classList.toggle("memlab-zoomable", small);
-        if (small) { img.tabIndex = 0; img.setAttribute("role", "button"); }
-      }
-      img.addEventListener("click", function () { if (img.classList.contains("memlab-zoomable")) openZoom(img); });
-      img.addEventListener("keydown", function (ev) {
-        if ((ev.key === "Enter" || ev.key === " ") && img.classList.contains("memlab-zoomable")) {
-          ev.preventDefault();
-          openZoom(img);
-        }
-      });
-      if (img.complete) mark(); else img.addEventListener("load", mark);
-      window.addEventListener("resize", mark);
-    });
-    // Hidden explorer views have no size until shown: mark them when they are.
-    document.querySelectorAll(".memlab-explorer form").forEach(function (f) {
-      f.addEventListener("change", function () { window.dispatchEvent(new Event("resize")); });
-    });
-  }
-
   function ready(fn) {
     if (document.readyState !== "loading") fn(); else document.addEventListener("DOMContentLoaded", fn);
   }
-  ready(function () { setupExplorers(); setupMenus(); setupZoom(); });
+  ready(function () { setupMenus(); });
 })();
