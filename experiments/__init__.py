@@ -26,3 +26,9 @@ __all__ = [
     "claims_table", "show_claim", "experiment", "get", "has_cuda", "panel", "resolve_mode", "run", "status", "status_text",
 ]
 __version__ = "0.1.0"
+
+from .core.explorer import install_book_figures as _install_book_figures  # noqa: E402
+
+# While the book is built (CUDA_MEMLAB_STATIC=1, in a notebook kernel): figures become
+# <picture> with a phone-width variant and alt text; elsewhere this does nothing.
+_install_book_figures()

@@ -27,7 +27,7 @@ def test_every_page_is_built(built):
 def test_pages_show_recorded_figures_with_provenance(built, page):
     html = (built / "book" / f"{page}.html").read_text()
     assert "Recorded mode" in html
-    assert re.search(r'<img[^>]+src="\.\./_images/[0-9a-f]+\.png"', html), "no figure made by the page's code"
+    assert re.search(r'<img[^>]+src="\.\./_images/(?:memlab/)?[0-9a-f]+\.png"', html), "no figure made by the page's code"
     assert "Traceback" not in html
 
 

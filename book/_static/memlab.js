@@ -1,66 +1,20 @@
 /* CUDA Memory Lab: the book's own script, shipped with the site (no CDN).
- * 1. Recorded-grid explorers: show the figure of the point the controls select.
- * 2. Phone menus: pydata-sphinx-theme 0.17 binds its drawer to the first .primary-toggle /
+ * 1. Phone menus: pydata-sphinx-theme 0.17 binds its drawer to the first .primary-toggle /
  *    .secondary-toggle only (pydata-sphinx-theme issue #2451); the buttons a phone shows
  *    are later ones, so they forward their tap to the first.
- * 3. Figures shown smaller than their pixels open full size on a click or tap.
- * 4. Solution titles (issue #19): sphinx-exercise makes most of a solution's title a link
+ * 2. Solution titles (issue #19): sphinx-exercise makes most of a solution's title a link
  *    back to its exercise, so a tap on the title scrolled away instead of opening the
  *    solution. The title becomes plain text that opens and closes it; the link back to
  *    the exercise moves to the first line of the solution.
- * 5. Drawers (issue #19): a link chosen in the phone's "Contents" or navigation drawer
+ * 3. Drawers (issue #19): a link chosen in the phone's "Contents" or navigation drawer
  *    closes the drawer, then goes where it points.
- * 6. Identifiers in tables (issue #19): claim ids and check names break after a dot or an
+ * 4. Identifiers in tables (issue #19): claim ids and check names break after a dot or an
  *    underscore (a <wbr> there), never inside a word; memlab.css turns off the break
  *    anywhere that long inline code gets elsewhere.
+ * Explorers and figure zoom: memlab-figures.js.
  */
 (function () {
   "use strict";
-
-  function explorerValues(explorer) {
-    const chosen = {};
-    explorer.querySelectorAll("[data-param]").forEach(function (c) {
-      if (c.type === "radio" && !c.checked) return;
-      if (c.type === "range") {
-        const values = JSON.parse(c.dataset.values);
-        const labels = JSON.parse(c.dataset.labels);
-        chosen[c.dataset.param] = values[+c.value];
-        c.setAttribute("aria-valuetext", labels[+c.value]);
-        const out = c.parentNode.querySelector("output");
-        if (out) out.textContent = labels[+c.value];
-      } else {
-        chosen[c.dataset.param] = JSON.parse(c.value);
-      }
-    });
-    return chosen;
-  }
-
-  function sameParams(point, chosen) {
-    return Object.keys(chosen).every(function (k) {
-      return JSON.stringify(point[k]) === JSON.stringify(chosen[k]);
-    });
-  }
-
-  function update(explorer) {
-    const chosen = explorerValues(explorer);
-    let found = false;
-    explorer.querySelectorAll(".memlab-view").forEach(function (v) {
-      const match = !found && sameParams(JSON.parse(v.dataset.point), chosen);
-      v.hidden = !match;
-      found = found || match;
-    });
-    const missing = explorer.querySelector(".memlab-explorer-missing");
-    if (missing) missing.hidden = found;
-  }
-
-  function setupExplorers() {
-    document.querySelectorAll(".memlab-explorer").forEach(function (explorer) {
-      const form = explorer.querySelector("form");
-      form.addEventListener("input", function () { update(explorer); });
-      form.addEventListener("change", function () { update(explorer); });
-      update(explorer);
-    });
-  }
 
   function setupMenus() {
     [".primary-toggle", ".secondary-toggle"].forEach(function (sel) {
@@ -77,48 +31,7 @@
     });
   }
 
-  let zoom = null;
-  function openZoom(img) {
-    if (!zoom) {
-      zoom = document.createElement("dialog");
-      zoom.className = "memlab-zoom";
-      zoom.setAttribute("aria-label", "Figure at full size (press Escape or tap to close)");
-      zoom.addEventListener("click", function () { zoom.close(); });
-      document.body.appendChild(zoom);
-    }
-    zoom.innerHTML = "";
-    const big = document.createElement("img");
-    big.src = img.src;
-    big.alt = img.alt;
-    zoom.appendChild(big);
-    zoom.showModal();
-  }
-
-  function setupZoom() {
-    document.querySelectorAll("article .cell_output img").forEach(function (img) {
-      function mark() {
-        const small = img.naturalWidth > img.getBoundingClientRect().width * 1.1;
-        img.classList.toggle("memlab-zoomable", small);
-        if (small) { img.tabIndex = 0; img.setAttribute("role", "button"); }
-      }
-      img.addEventListener("click", function () { if (img.classList.contains("memlab-zoomable")) openZoom(img); });
-      img.addEventListener("keydown", function (ev) {
-        if ((ev.key === "Enter" || ev.key === " ") && img.classList.contains("memlab-zoomable")) {
-          ev.preventDefault();
-          openZoom(img);
-        }
-      });
-      if (img.complete) mark(); else img.addEventListener("load", mark);
-      window.addEventListener("resize", mark);
-    });
-    // Hidden explorer views have no size until shown: mark them when they are.
-    document.querySelectorAll(".memlab-explorer form").forEach(function (f) {
-      f.addEventListener("change", function () { window.dispatchEvent(new Event("resize")); });
-    });
-  }
-
-
-  /* ---- 4. Solution titles: a tap anywhere on the title opens the solution. ---- */
+  /* ---- 2. Solution titles: a tap anywhere on the title opens the solution. ---- */
   function setupSolutionTitles() {
     document.querySelectorAll(".solution.dropdown > .admonition-title").forEach(function (title) {
       const link = title.querySelector("a[href]");
@@ -140,7 +53,7 @@
     });
   }
 
-  /* ---- 5. Drawers: choosing a link closes the drawer first. ---- */
+  /* ---- 3. Drawers: choosing a link closes the drawer first. ---- */
   function setupDrawerLinks() {
     document.querySelectorAll("#pst-primary-sidebar-modal, #pst-secondary-sidebar-modal").forEach(function (dialog) {
       dialog.addEventListener("click", function (ev) {
@@ -159,7 +72,7 @@
     });
   }
 
-  /* ---- 6. Identifiers in tables: break after "." or "_" only. ---- */
+  /* ---- 4. Identifiers in tables: break after "." or "_" only. ---- */
   function setupIdentifierBreaks() {
     document.querySelectorAll("article table code").forEach(function (code) {
       const walker = document.createTreeWalker(code, NodeFilter.SHOW_TEXT);
@@ -182,5 +95,5 @@
   function ready(fn) {
     if (document.readyState !== "loading") fn(); else document.addEventListener("DOMContentLoaded", fn);
   }
-  ready(function () { setupExplorers(); setupMenus(); setupZoom(); setupSolutionTitles(); setupDrawerLinks(); setupIdentifierBreaks(); });
+  ready(function () { setupMenus(); setupSolutionTitles(); setupDrawerLinks(); setupIdentifierBreaks(); });
 })();

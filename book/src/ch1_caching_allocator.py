@@ -513,8 +513,8 @@ al.plot_fragmentation_oom(oom_expandable, pattern="interleave")
 #
 # **The 1 MiB line.** The small and large pools are separate, with or without expandable
 # segments. Memory freed by tensors of at most 1 MiB cannot serve a request above 1 MiB,
-# and the reverse. The left panel frees a 2 MiB tensor (a 20 MiB large segment) and then
-# asks for a second tensor of the size on the x axis; the right panel frees 4 MiB of
+# and the reverse. The first panel frees a 2 MiB tensor (a 20 MiB large segment) and then
+# asks for a second tensor of the size on the x axis; the second frees 4 MiB of
 # small tensors and then asks for 1.5 MiB.
 
 # %%
@@ -530,7 +530,7 @@ ex.panel("alloc.pool_boundary", al.plot_pool_boundary)
 # %% [markdown]
 # Shrinking a tensor can therefore *raise* reserved memory, when it moves it below the
 # line: the post's example is 2 MiB then 0.5 MiB, which costs 22 MiB, while 2 MiB then
-# 2 MiB costs 20 (the left panel measures both). As the post points out, this defeats a
+# 2 MiB costs 20 (the first panel measures both). As the post points out, this defeats a
 # shared graph pool too: a tensor that is 1.5 MiB at one batch size and 0.75 MiB at
 # another lands in different pools, and the sharing is lost for it.
 #

@@ -496,7 +496,7 @@ print(f"Capturing a copy from pageable memory raised: {error}")
 ex.show_claim("pinned.graph_reads_captured_address")
 
 # %% [markdown]
-# The right panel is the pattern that works with graphs: allocate the pinned staging buffer
+# The second panel is the pattern that works with graphs: allocate the pinned staging buffer
 # once, before capture; each step, wait until the previous replay has read it, copy the new
 # data *into* it, replay, and read results through a pinned buffer that the graph writes with
 # a captured DtoH copy:

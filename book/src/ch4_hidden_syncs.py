@@ -259,7 +259,7 @@ print(*missed, sep="\n")
 # whose wait the CUDA driver decides rather than PyTorch: a `non_blocking` copy *into*
 # pageable memory and, above a size threshold, a `non_blocking` copy *from* pageable memory
 # ({ref}`ch4-pageable`). Those bars are purple: the host waited and nothing was reported.
-# The right-hand column shows that every operation that syncs also fails CUDA-graph
+# The 'graph' labels show that every operation that syncs also fails CUDA-graph
 # capture. Capture is even stricter than a sync check: it also refuses the small pageable
 # `non_blocking` copy that did not make the host wait, because PyTorch allows no copy
 # between the GPU and unpinned host memory during a capture (the error asks for a pinned

@@ -253,7 +253,13 @@ class Report:
     def figure(self) -> Any:
         """Reserved (solid) and allocated (dashed) bytes over the requests for every setting on
         one axis, and the segment map at the recorded run's peak."""
-        from ..core.plotting import mib, new_figure, segment_map
+        from ..core.plotting import figure_function
+
+        # a figure_function call, so that the book can draw it again for phones
+        return figure_function(self._draw_figure)()
+
+    def _draw_figure(self) -> Any:
+        from ..core.plotting import fit_text, is_narrow, legend_below, mib, new_figure, segment_map
 
         fig, (ax, ax2) = new_figure(2, 1, height=6.4)
         runs = [self.replay] + self.what_ifs
@@ -265,7 +271,10 @@ class Report:
             ax.plot(xs, [mib(run.allocated[i]) for i in xs], ls="--", color=line.get_color(), lw=0.8)
         ax.set_xlabel("request (alloc, free, empty_cache) in trace order")
         ax.set_ylabel("MiB (solid reserved, dashed allocated)")
-        ax.legend(fontsize=7)
+        if is_narrow():  # inside the narrow axes the legend would cover the lines
+            legend_below(ax, fontsize=8)
+        else:
+            ax.legend(fontsize=8)
         layout = self.peak_layout(self.replay)
         # segments that live blocks pin first (most free bytes first), then the largest others
         def order(seg: Mapping[str, Any]) -> tuple[int, int]:
@@ -276,7 +285,7 @@ class Report:
         layout = sorted(layout, key=order)[:12]
         if layout:
             segment_map(layout, ax=ax2, title="at the recorded run's peak: pinned segments first (12 shown)")
-        return fig
+        return fit_text(fig)  # titles wrapped to the width, with or without a footer
 
     def _repr_html_(self) -> str:
         import html
@@ -336,10 +345,15 @@ def plot_doctor_snapshots(result: Any, workload_settings: str = "") -> Any:
     Raises:
         ValueError: ``result`` has no run under ``workload_settings``.
     """
-    from ..core.plotting import stamp
+    # imported here: the doctor itself runs without matplotlib (in Pyodide)
+    from ..core.plotting import figure_function, stamp
 
-    rep = _recorded_point(result, workload_settings)[2]
-    return stamp(rep.figure(), result) if hasattr(result, "caption") else rep.figure()
+    def draw(result: Any, workload_settings: str) -> Any:
+        rep = _recorded_point(result, workload_settings)[2]
+        return stamp(rep.figure(), result) if hasattr(result, "caption") else rep.figure()
+
+    # a figure_function call, so that the book can draw it again for phones
+    return figure_function(draw)(result, workload_settings)
 
 
 def lab_comparison_table(rows: Sequence[Mapping[str, Any]]) -> Table:
