@@ -13,7 +13,7 @@ export PATH := $(BIN):$(PATH)
 # measures live on this machine's GPU instead.
 BOOK_MODE ?= recorded
 
-.PHONY: book book-student test test-gpu install notebooks record clean browser
+.PHONY: book book-student test test-gpu install notebooks record clean browser sandbox
 
 $(PY):
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "make needs Python 3.11 or newer (the pinned packages do); found " + sys.version.split()[0] + ". Try: make book PYTHON=python3.11")'
@@ -56,13 +56,24 @@ $(CHROMIUM):
 
 browser: $(CHROMIUM)
 
+# The grader runs every submission in a bubblewrap sandbox (experiments/grading/sandbox.py);
+# its tests need Debian's bubblewrap, installed the same way. Another bwrap: make test BWRAP=/path/to/bwrap
+BWRAP ?= /usr/bin/bwrap
+export CUDA_MEMLAB_BWRAP := $(BWRAP)
+
+$(BWRAP):
+	@command -v apt-get >/dev/null || { echo "the grader's tests need bubblewrap at $(BWRAP) (Debian: apt-get install bubblewrap)"; exit 2; }
+	$(SUDO) apt-get install -y bubblewrap || { $(SUDO) apt-get update && $(SUDO) apt-get install -y bubblewrap; }
+
+sandbox: $(BWRAP)
+
 # The book build is the one execution of the notebooks (a cell error fails it); the tests then
 # read its pages and executed notebooks (tests/conftest.py: built_book), so nothing runs twice.
 # It is built as `make book` builds it (static explorers), and the browser tests serve it.
 # The fast loop while developing skips the build and the slow tests:
 #   .venv/bin/python -m pytest -m "not slow"
 TEST_BOOK := _build/test
-test: notebooks browser
+test: notebooks browser sandbox
 	rm -rf $(TEST_BOOK)
 	CUDA_MEMLAB_STATIC=1 CUDA_MEMLAB_MODE=recorded $(BIN)/jupyter-book build . --path-output $(TEST_BOOK) --warningiserror --keep-going
 	CUDA_MEMLAB_BOOK_BUILD=$(CURDIR)/$(TEST_BOOK) $(PY) -m pytest

@@ -65,3 +65,10 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_EXPORTS))
+
+
+from .core.explorer import install_book_figures as _install_book_figures  # noqa: E402
+
+# While the book is built (CUDA_MEMLAB_STATIC=1, in a notebook kernel): figures become
+# <picture> with a phone-width variant and alt text; elsewhere this does nothing.
+_install_book_figures()

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from .core.measure import STATS_SCHEMA, fit_cycles_per_ms, gpu_sleep, stats_dict, time_gpu
-from .core.plotting import bars, new_figure, stamp
+from .core.plotting import bars, figure_function, new_figure, stamp
 from .core.registry import Param, Result, experiment
 
 
@@ -104,6 +104,7 @@ def three_clocks(work_ms: float = 20.0, repeats: int = 10) -> dict[str, Any]:
     return {"host_no_sync_ms": stats_dict(no_sync), "host_with_sync_ms": stats_dict(with_sync), "cuda_events_ms": stats_dict(events)}
 
 
+@figure_function
 def plot_sleep_clock(result: Result) -> Any:
     """Measured GPU time against cycle count, with the fitted line (ms against Mcycles)."""
     d = result.data
@@ -121,6 +122,7 @@ def plot_sleep_clock(result: Result) -> Any:
     return stamp(fig, result)
 
 
+@figure_function
 def plot_three_clocks(result: Result) -> Any:
     """Bars of the three timings (median with p10-p90), in ms."""
     d = result.data

@@ -15,7 +15,7 @@ Both get, after the title cell, the set-up cell that installs the helper package
 from `repository.url` in _config.yml (the one place the URL lives), and metadata that
 asks Colab for a GPU runtime. Folded cells get a label that says what they hide.
 Each exercise's check cell is tagged for the grader
-(`experiments.core.grading.tag_exercise_cells`), and the instructors' table of
+(`experiments.grading.notebooks.tag_exercise_cells`), and the instructors' table of
 objectives, exercises and points is written to book/generated/exercises.md from the
 exercises' declarations.
 
@@ -33,7 +33,7 @@ import jupytext
 import nbformat
 import yaml
 
-from experiments.core.grading import exercise_table, tag_exercise_cells
+from experiments.grading.notebooks import exercise_table, tag_exercise_cells
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "book" / "src"

@@ -444,7 +444,7 @@ def test_oom_tables_and_figures_under_each_cap(fake_gpu):
         early = not data["patterns"]["interleave"]["reached_request"]
         fig = allocator.plot_fragmentation_oom(r)
         assert f"cap {cap} MiB" in fig._suptitle.get_text().replace("\n", " ") and ("phase 1" in fig._suptitle.get_text().replace("\n", " ")) is early
-        labels = [t.get_text() for t in fig.axes[1].texts]
+        labels = [" ".join(t.get_text().split()) for t in fig.axes[1].texts]  # 'OOM (phase 1)' is on two lines
         assert labels == [("OOM (phase 1)" if not p["reached_request"] else "OOM") if p["oom"] else "fits"
                           for p in (data["patterns"][n] for n in ("shrink", "interleave", "grouped"))]
         assert len(bars(fig.axes[1])) == 6 and len(fig.axes[1].collections) == 1    # bars and the end marks

@@ -3,8 +3,10 @@
 For every exercise a sample of wrong answers, as students give them (the typical
 mistakes the book names, and some arbitrary ones), tried twice as a reader would: the
 feedback must not contain the expected value in any usual formatting, nor the right
-option's text; it names the section with the rule, and after the second try points to
-the solution. Expected values come from the solutions and the lab GPU's recordings.
+option's text, in its message, its details or its repr (issue 16: ``repr()`` showed them);
+it names the section with the rule, and after the second try points to the solution (in
+the student edition, to the instructor). Expected values come from the solutions, the
+lab GPU's recordings and the allocator's rules (the model).
 """
 from __future__ import annotations
 
@@ -54,12 +56,13 @@ def assert_teaches(check, args, expected, *, kwargs=None, allowed=()):
     second = check(*args, **(kwargs or {}))
     assert first.correct is False and second.correct is False, (args, first)
     for fb in (first, second):
-        for value in expected:
-            if isinstance(value, str):
-                assert value not in fb.message, (args, value, fb.message)
-            elif not any(math.isclose(value, o, rel_tol=1e-9) for o in own):
-                echoed = set().union(*(forms(o) for o in own)) if own else set()
-                assert not set(leaks(fb.message, value)) - echoed, (args, value, fb.message)
+        for text in (fb.message, repr(fb), repr(dict(fb.details))):
+            for value in expected:
+                if isinstance(value, str):
+                    assert value not in text, (args, value, text)
+                elif not any(math.isclose(value, o, rel_tol=1e-9) for o in own):
+                    echoed = set().union(*(forms(o) for o in own)) if own else set()
+                    assert not set(leaks(text, value)) - echoed, (args, value, text)
     label = check.exercise_label
     assert f"'{EXERCISES[label].section}'" in first.message, first.message
     assert "solution" not in first.message.lower() and "exercise's solution" in second.message
@@ -81,7 +84,8 @@ def _numbers(args):
 def test_every_exercise_is_declared_once_with_its_points_and_objective():
     registry.load_chapters()
     labels = sorted(EXERCISES)
-    assert len(labels) == 21
+    assert len(labels) == 22
+    assert "ex-alloc-doctor" in labels  # exercise 1.6, declared like the others (issue 16)
     for e in EXERCISES.values():
         assert e.points > 0 and len(e.objective) > 30 and e.section and e.answers
         assert e.chapter == int({"alloc": 1, "streams": 2, "pinned": 3, "syncs": 4}[e.label.split("-")[1]])
@@ -102,28 +106,57 @@ def test_oom_reading():
         assert_teaches(al.check_oom_reading, wrong, [176, right_text])
 
 
+def _free_sizes(segs):
+    return [b["size"] for s in segs for b in s["blocks"] if b["state"] == "inactive"]
+
+
 def test_frag_index_functions():
+    from experiments.allocator.checks import _frag_cases
+
+    def right(segs):  # the solution's index: 1 - largest free block / all free bytes, free = 'inactive'
+        free = _free_sizes(segs)
+        return 0.0 if not free else 1 - max(free) / sum(free)
+
     wrong = [lambda segs: 0.5,
-             lambda segs: (lambda f: max(f) / sum(f) if f else 0.0)(
-                 [b["size"] for s in segs for b in s["blocks"] if b["state"] == "inactive"]),
+             lambda segs: (lambda f: max(f) / sum(f) if f else 0.0)(_free_sizes(segs)),
              lambda segs: (lambda f: 1 - max(f) / sum(f) if f else 0.0)(
                  [b["size"] for s in segs for b in s["blocks"] if b["state"] != "active_allocated"])]
     for fn in wrong:
         fb = al.check_frag_index(fn)
-        expected = fb.details["expected"]
+        name = fb.details["case"]
+        expected = right(dict(_frag_cases())[name])
         core_checks._WRONG_TRIES.clear()
         assert_teaches(al.check_frag_index, (fn,), [expected], allowed=[fb.details["answer"]])
+    assert al.check_frag_index(right).correct is True
 
 
 def test_reserved_function():
+    # the rules (allocator-rules.md): expandable segments map 20 MiB pages for all tensors
+    # together; without them, below 10 MiB 20 MiB segments shared from their tails, from
+    # 10 MiB up one segment per tensor rounded to 2 MiB
+    def classic(k, s):
+        if s >= 10:
+            return k * 2 * math.ceil(s / 2)
+        segs, free = 0, 0.0
+        for _ in range(k):
+            if free >= s:
+                free -= s
+                free = 0.0 if free <= 1 else free
+            else:
+                segs, free = segs + 1, 20 - s
+                free = 0.0 if free <= 1 else free
+        return 20 * segs
+
     tensors = lambda k, s: k * s  # noqa: E731
     per_tensor = lambda k, s: 20 * math.ceil(s / 20) * k  # noqa: E731
     pages = lambda k, s: 20 * math.ceil(k * s / 20)  # noqa: E731 (right with expandable segments only)
-    for fn, kw in [(tensors, {}), (per_tensor, {}), (pages, {"expandable": False})]:
+    for fn, kw, rule in [(tensors, {}, pages), (per_tensor, {}, pages), (pages, {"expandable": False}, classic)]:
         fb = al.check_reserved_function(fn, **kw)
+        k, s = fb.details["k"], fb.details["s"]
         core_checks._WRONG_TRIES.clear()
-        assert_teaches(al.check_reserved_function, (fn,), [fb.details["expected"]], kwargs=kw,
-                       allowed=[fb.details["answer"], fb.details["s"], fb.details["k"]])
+        assert_teaches(al.check_reserved_function, (fn,), [rule(k, s)], kwargs=kw,
+                       allowed=[fb.details["answer"], s, k])
+    assert al.check_reserved_function(pages).correct is True
 
 
 @pytest.mark.parametrize("check, right, wrong", [
@@ -185,15 +218,19 @@ def test_run_ahead_prediction():
         assert_teaches(syncs.check_run_ahead_prediction, wrong, [17.5, 28, *measured])
 
 
-def test_classification_names_the_wrong_operations_not_their_verdict():
+def test_classification_says_how_many_not_which():
     r = ex.run("syncs.catalogue", mode="recorded")
     rows = {row["code"]: row for row in r["rows"]}
     template = syncs.classification_template()
-    flipped = {code: not rows[code]["syncs"] for code in template}
-    fb = assert_teaches(syncs.check_classification, (flipped,), [])
-    for code in template:
-        assert f"{code} syncs" not in fb.message and f"{code} does not sync" not in fb.message
-        assert rows[code]["why"] not in fb.message
+    right = {code: rows[code]["syncs"] for code in template}
+    for flip in (list(template), list(template)[:2]):  # all wrong, two wrong
+        answer = {code: (not v) if code in flip else v for code, v in right.items()}
+        fb = assert_teaches(syncs.check_classification, (answer,), [])
+        for text in (fb.message, repr(fb)):
+            for code in template:  # naming the wrong ones would be the answer: flip them
+                assert code not in text and rows[code]["why"] not in text, (code, text)
+        assert f"{len(template) - len(flip)} of {len(template)} right" in fb.message
+        assert graded_feedback(fb) == "wrong: answers"
 
 
 def test_threshold():
@@ -221,6 +258,39 @@ def test_graded_mode_says_only_which_part(monkeypatch):
     assert pinned.check_owned_prediction(18, 18.0).message == "correct"
     assert pinned.check_owned_prediction(None, None).message == "unanswered"
     assert al.check_pool_boundary_choice("a").message == "wrong: your answer"
+
+
+def test_the_doctor_exercise_gives_no_figure_with_a_wrong_answer():
+    # exercise 1.6: the lab's runs under each setting decide it; their figures are the answer
+    r = ex.run("alloc.doctor_snapshots", mode="recorded", workload="training")
+    final = {run["settings"]: run["final"]["reserved_bytes.all.current"] / MiB for run in r["runs"]}
+    figures = [final[""], final["max_split_size_mb:64"], final["roundup_power2_divisions:4"]]
+    assert figures[0] < figures[1] and figures[0] < figures[2]  # the solution: neither (d)
+    right_text = al.check_doctor_setting("d").message
+    for wrong in "abc":
+        assert_teaches(al.check_doctor_setting, (wrong,), [*figures, right_text[:40], "neither", '"d"'])
+    assert al.check_doctor_setting("d").correct is True
+
+
+def test_the_student_edition_points_to_the_instructor(monkeypatch):
+    monkeypatch.setenv("CUDA_MEMLAB_EDITION", "student")
+    first = pinned.check_rounding(2.0)
+    second = pinned.check_rounding(2.0)
+    assert "Ask your instructor" in second.message and "instructor" not in first.message
+    assert "solution" not in second.message.lower() and "book" not in second.message.lower()
+
+
+def test_graded_mode_gives_no_direction(monkeypatch):
+    monkeypatch.setenv("CUDA_MEMLAB_FEEDBACK", "graded")
+    for check, args in [(pinned.check_rounding, (100,)), (pinned.check_rounding, (0.5,)),
+                        (streams.check_peak_prediction, (5000,)), (syncs.check_run_ahead_prediction, (40, 10)),
+                        (syncs.check_threshold, (10_000,)), (syncs.check_threshold, (0.001,))]:
+        fb = check(*args)
+        for text in (fb.message, repr(fb)):
+            assert not re.search(r"too (high|low)|smaller|larger|further up|higher|lower", text, re.I), text
+        assert fb.message.startswith("wrong")
+    # the wrapper keeps no way around the exam wording
+    assert not hasattr(pinned.check_rounding, "__wrapped__")
 
 
 def test_exercise_declaration_refuses_bad_values():

@@ -11,10 +11,13 @@ from experiments.core.chapters import CHAPTERS
 
 PKG = Path(__file__).resolve().parent.parent / "experiments"
 CHAPTER_PACKAGES = [c.module for c in CHAPTERS if (PKG / c.module).is_dir()]
+# Tools that readers and instructors take home, packages of their own beside the chapters.
+TOOL_PACKAGES = sorted(p.name for p in PKG.iterdir() if (p / "__init__.py").exists()
+                       and p.name not in {"core", *CHAPTER_PACKAGES})
 ROLES = {"measurements", "model", "plots", "checks", "workloads"}
-# Tools readers take home, packages of their own beside the chapters (issue 17): chapters may
-# import them, they import no chapter, and of the core only the modules that need neither
-# torch, numpy nor matplotlib (the doctor runs in the browser, where none of the three exists).
+# Of those, the tools that run in the browser (issue 17): chapters may import them, they import
+# no chapter, and of the core only the modules that need neither torch, numpy nor matplotlib
+# (the doctor runs in Pyodide, where none of the three exists).
 TOOLS = {"doctor"}
 TOOL_CORE = {"experiments.core.units", "experiments.core.tables", "experiments.core.text",
              "experiments.core.alloc_conf"}
@@ -122,18 +125,12 @@ def test_no_import_cycle_anywhere():
     assert not found, "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
 
 
-def test_core_imports_no_chapter():
+def test_core_imports_no_chapter_and_no_tool():
     graph = import_graph()
-    chapters = tuple(f"experiments.{c.module}" for c in CHAPTERS)
-    bad = {m: sorted(t for t in ts if t.startswith(chapters)) for m, ts in graph.items()
+    assert {"grading", "doctor"} <= set(TOOL_PACKAGES), TOOL_PACKAGES
+    outside = tuple(f"experiments.{c.module}" for c in CHAPTERS) + tuple(f"experiments.{t}" for t in TOOL_PACKAGES)
+    bad = {m: sorted(t for t in ts if t.startswith(outside)) for m, ts in graph.items()
            if m.startswith("experiments.core")}
-    assert not {m: ts for m, ts in bad.items() if ts}
-
-
-def test_core_imports_no_tool():
-    graph = import_graph()
-    tools = tuple(f"experiments.{t}" for t in TOOLS)
-    bad = {m: sorted(x for x in ts if x.startswith(tools)) for m, ts in graph.items() if m.startswith("experiments.core")}
     assert not {m: ts for m, ts in bad.items() if ts}
 
 
@@ -165,6 +162,14 @@ def test_the_tool_rule_finds_planted_imports():
                                                                             "experiments.allocator.model"}
     found = tool_violations(graph, "doctor")
     assert any("core.device" in f for f in found) and any("allocator.model" in f for f in found)
+
+
+def test_the_chapters_declare_exercises_and_only_the_grader_imports_it():
+    graph = import_graph()
+    bad = {m: sorted(t for t in ts if t == "experiments.grading" or t.startswith("experiments.grading."))
+           for m, ts in graph.items() if not (m == "experiments.grading" or m.startswith("experiments.grading."))}
+    assert not {m: ts for m, ts in bad.items() if ts}, "modules that import the grader"
+    assert any(t.startswith("experiments.core.checks") for t in graph["experiments.grading.grader"])
 
 
 def test_nothing_inside_imports_a_face():

@@ -89,3 +89,72 @@ def test_track_memory_reports_relative_peaks():
     assert d.allocated == 0
     assert d.allocated_peak == 64 * 2**20
     assert d.active_peak == 64 * 2**20
+
+
+class _FakeAllocator:
+    """Stands in for the CUDA side of memory_left_as_found on a machine without a GPU:
+    ``allocated`` bytes, of which ``workspaces`` are cuBLAS workspaces PyTorch caches."""
+
+    def __init__(self, monkeypatch, allocated=0):
+        self.allocated, self.workspaces, self.cleared = allocated, 0, 0
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+        monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: self.allocated)
+        monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+        monkeypatch.setattr(torch._C, "_cuda_clearCublasWorkspaces", self.clear, raising=False)
+
+    def clear(self):
+        self.cleared += 1
+        self.allocated -= self.workspaces
+        self.workspaces = 0
+
+
+def test_memory_left_as_found_frees_the_workspaces_an_experiment_made(monkeypatch):
+    cuda = _FakeAllocator(monkeypatch, allocated=1000)
+    with measure.memory_left_as_found():
+        cuda.allocated += 64 << 20  # a first matmul on two handles: PyTorch caches two workspaces
+        cuda.workspaces += 64 << 20
+    assert cuda.allocated == 1000 and cuda.cleared == 1
+
+
+def test_memory_left_as_found_touches_nothing_when_memory_is_back(monkeypatch):
+    cuda = _FakeAllocator(monkeypatch, allocated=1000)
+    with measure.memory_left_as_found():
+        cuda.allocated += 4096
+        cuda.allocated -= 4096
+    assert cuda.cleared == 0, "the reader's own workspaces stay when the experiment left nothing"
+
+
+def test_memory_left_as_found_does_not_hide_a_kept_tensor(monkeypatch):
+    """A tensor the experiment keeps is not a workspace: it stays visible to the GPU test."""
+    cuda = _FakeAllocator(monkeypatch, allocated=0)
+    with pytest.raises(RuntimeError, match="boom"):
+        with measure.memory_left_as_found():
+            cuda.allocated += 512
+            raise RuntimeError("boom")
+    assert cuda.allocated == 512 and cuda.cleared == 1
+
+
+def test_memory_left_as_found_is_a_no_op_without_a_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: pytest.fail("read without a GPU"))
+    with measure.memory_left_as_found():
+        pass
+
+
+def test_memory_left_as_found_keeps_the_experiments_own_error(monkeypatch):
+    """A clean-up that fails after the experiment failed (a CUDA error left behind) does
+    not hide the experiment's error."""
+    cuda = _FakeAllocator(monkeypatch, allocated=0)
+
+    def broken_sync(device=None):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(torch.cuda, "synchronize", broken_sync)
+    with pytest.raises(ValueError, match="the experiment's own"):
+        with measure.memory_left_as_found():
+            cuda.allocated += 512
+            raise ValueError("the experiment's own error")
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        with measure.memory_left_as_found():
+            cuda.allocated += 512

@@ -84,3 +84,102 @@ def test_size_labels_keep_halves():
 
     assert [format_bytes(b, digits=3) for b in (18.5 * MiB, 20 * MiB, 1.5 * MiB, 1.902 * MiB, 100 * 1024, 512)] == [
         "18.5 MiB", "20 MiB", "1.5 MiB", "1.9 MiB", "100 KiB", "512 B"]
+
+
+# ----------------------------------------------------------------------------- issue 19: layouts, collisions
+
+def test_the_narrow_layout_stacks_side_by_side_panels_at_the_phone_width():
+    with plotting.narrow():
+        fig, (left, right) = plotting.new_figure(1, 2, width=10.0, height=3.0, gridspec_kw={"width_ratios": [3, 2]})
+    assert tuple(fig.get_size_inches()) == (plotting.NARROW_WIDTH, 6.0)
+    assert fig.dpi == plotting.NARROW_DPI
+    fig.draw_without_rendering()
+    a, b = left.get_position(), right.get_position()
+    assert b.y1 <= a.y0 and abs(a.x0 - b.x0) < 0.05  # one column: the second panel under the first
+    wide, _ = plotting.new_figure(1, 2, width=10.0, height=3.0)
+    assert tuple(wide.get_size_inches()) == (plotting.MAX_WIDTH, 3.0) and wide.dpi == plotting.WIDE_DPI
+
+
+def test_a_figure_function_redraws_its_figure_in_the_other_layout():
+    calls = []
+
+    @plotting.figure_function
+    def draw(n, *, title):
+        calls.append(plotting.is_narrow())
+        fig, ax = plotting.new_figure()
+        ax.set_title(title)
+        ax.plot(range(n))
+        return fig
+
+    fig = draw(3, title="t")
+    small = plotting.redraw(fig, narrow_layout=True)
+    assert calls == [False, True]
+    assert small.get_size_inches()[0] == plotting.NARROW_WIDTH and small.axes[0].get_title() == "t"
+    assert plotting.redraw(plotting.new_figure()[0], narrow_layout=True) is None  # no recorded call
+
+
+def test_text_collisions_find_overlapping_texts_and_a_legend_over_a_title():
+    fig, ax = plotting.new_figure(width=4.0, height=2.0)
+    ax.text(0.5, 0.5, "first label")
+    ax.text(0.52, 0.5, "second label")
+    assert any("overlaps" in p for p in plotting.text_collisions(fig))
+    # the doctor figure's defect: a legend placed above the axes, where its title is
+    fig, ax = plotting.new_figure(width=4.0, height=2.0)
+    ax.plot([0, 1], [0, 1], label="a line with a long name")
+    ax.set_title("the panel's title")
+    ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0))
+    assert "the legend covers text \"the panel's title\"" in plotting.text_collisions(fig)
+
+
+def test_text_collisions_find_a_label_across_bars_and_a_line_through_a_legend():
+    # the ring-buffer figure's defect: a line's label printed on the bars
+    fig, ax = plotting.new_figure(width=4.0, height=2.0)
+    ax.bar(["a", "b"], [3.0, 3.0])
+    ax.axhline(2.9, linestyle=":")
+    ax.annotate("mean GPU work per batch", (0.5, 2.9), xycoords=("axes fraction", "data"), ha="center", va="top")
+    assert plotting.text_collisions(fig) == ["text 'mean GPU work per batch' is printed across a bar"]
+    # a bar's own label inside it is fine
+    fig, ax = plotting.new_figure(width=4.0, height=2.0)
+    ax.barh([0], [10.0])
+    ax.text(5.0, 0, "10 MiB", ha="center", va="center")
+    assert plotting.text_collisions(fig) == []
+    fig, ax = plotting.new_figure(width=4.0, height=2.0)
+    ax.plot([0, 1], [1, 0], label="falling")
+    ax.legend(loc="upper left")
+    assert plotting.text_collisions(fig) == ["a data line 'falling' runs through the legend's text"]
+
+
+def test_rotated_tick_labels_are_compared_as_rotated_boxes():
+    fig, ax = plotting.new_figure(width=4.0, height=2.5)
+    ax.set_yticks([])
+    ax.set_xticks(range(6))
+    ax.set_xticklabels([f"a long tick label {k}" for k in range(6)], rotation=45, ha="right")
+    assert plotting.text_collisions(fig) == []  # their upright boxes overlap, the labels do not
+    ax.set_xticklabels([f"a long tick label {k}" for k in range(6)], rotation=10, ha="right")
+    assert any("overlaps" in p for p in plotting.text_collisions(fig))
+
+
+def test_smallest_font_is_measured_on_the_drawn_figure():
+    fig, ax = plotting.new_figure()
+    ax.set_title("title", fontsize=12)
+    ax.set_xticks([0, 1])
+    ax.tick_params(labelsize=7.5)
+    assert plotting.smallest_font_pt(fig) == 7.5
+
+
+def test_segment_map_legend_lists_only_the_states_its_blocks_are_in():
+    """Issue 19: chapter 1's maps listed 'freed, waiting on an event', a state none of its blocks is in."""
+    fig = plotting.segment_map([{"total_size": 4 * MiB, "pool": "large", "blocks": [
+        {"size": 2 * MiB, "state": "active_allocated"}, {"size": 2 * MiB, "state": "inactive"}]}])
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert labels == ["allocated", "free (cached)"]
+    assert plotting.text_collisions(fig) == []
+    fig = plotting.segment_map(SEGMENTS, title="after the free")
+    assert len(fig.axes[0].get_legend().get_texts()) == 3 and plotting.text_collisions(fig) == []
+
+
+def test_stream_lanes_label_only_boxes_wide_enough_for_their_label():
+    fig = plotting.stream_lanes({"GPU": [{"start_ms": 0, "end_ms": 10, "label": "a wide box"},
+                                         {"start_ms": 10, "end_ms": 10.2, "label": "a box too narrow for this"}]})
+    assert [t.get_text() for t in fig.axes[0].texts] == ["a wide box"]
+    assert plotting.text_collisions(fig) == []

@@ -161,3 +161,72 @@ def test_handed_out_notebooks_have_no_solution(tmp_path):
     assert sum(p in full for p in probes) >= 0.9 * len(probes), "the probes do not match the repository's notebooks"
     leaks = [(p.name, s[:60]) for p in written for s in probes if s in _file_text(p)]
     assert not leaks, leaks[:10]
+
+
+# ----------------------------------------------------------------------------- answers outside solutions (issue 16)
+
+def _reveals() -> dict[str, list[dict]]:
+    """{page: [the `memlab` metadata of each cell marked as revealing an answer]} from book/src."""
+    import jupytext
+
+    out = {}
+    for src in sorted((ROOT / "book" / "src").glob("*.py")):
+        marked = [c.metadata["memlab"] for c in jupytext.read(src).cells if c.metadata.get("memlab", {}).get("reveals")]
+        if marked:
+            out[src.stem] = marked
+    return out
+
+
+VIEW = re.compile(r'<figure class="memlab-view" data-point="([^"]*)"[^>]*>(.*?)</figure>', re.S)
+
+
+def _views(page_html: str) -> list[tuple[dict, str]]:
+    return [(json.loads(html.unescape(p)), body) for p, body in VIEW.findall(page_html)]
+
+
+def _answer_views(page: str, site) -> list[str]:
+    """The bodies of the explorer views that are an exercise's answer, on one page of a site."""
+    text = (site / "book" / f"{page}.html").read_text()
+    specs = [spec for meta in _reveals().get(page, []) for spec in meta.get("points", [])]
+    return [body for point, body in _views(text) if any(all(point.get(k) == v for k, v in s.items()) for s in specs)]
+
+
+def test_answers_in_folds_and_explorer_points_are_in_the_full_book(site):
+    """The probes below can fail: the full book shows every output that answers an exercise."""
+    reveals = _reveals()
+    assert {"ch1_caching_allocator", "ch2_cross_stream"} <= set(reveals)
+    for page in reveals:
+        text = (site["dir"] / "book" / f"{page}.html").read_text()
+        assert "Withheld in the student edition" not in text
+    assert "Show the answer" in (site["dir"] / "book" / "ch1_caching_allocator.html").read_text()
+    bodies = _answer_views("ch1_caching_allocator", site["dir"])
+    assert bodies and all("<img" in b for b in bodies)
+
+
+def test_student_pages_withhold_every_output_that_answers_an_exercise(student_site):
+    for page, marked in _reveals().items():
+        text = (student_site / "book" / f"{page}.html").read_text()
+        whole = [m for m in marked if not m.get("points")]
+        assert text.count("this output is the answer to") == len(whole), page
+        for m in marked:
+            assert f'href="#{m["reveals"]}"' in text, (page, m)
+        bodies = _answer_views(page, student_site)
+        assert bool(bodies) == any(m.get("points") for m in marked), page
+        for body in bodies:
+            assert "<img" not in body and "Withheld in the student edition" in body, (page, body[:200])
+    for page in (student_site / "book").glob("*.html"):
+        assert "Show the answer" not in page.read_text(), f"{page.name}: an answer fold"
+
+
+def test_student_site_has_no_way_to_the_full_book_or_the_repository(student_site):
+    import yaml
+
+    url = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"].rstrip("/")
+    org, repo = url.removesuffix(".git").split("/")[-2:]
+    full = (f"github.com/{org}/{repo}", f"{org}.github.io/{repo}")
+    for page in student_site.rglob("*.html"):
+        text = page.read_text()
+        hrefs = re.findall(r'href="([^"]*)"', text)
+        assert not [h for h in hrefs if any(f in h for f in full)], (page.name, [h for h in hrefs if any(f in h for f in full)])
+        assert not any(f in text for f in full), f"{page.name} names the repository or the full book"
+        assert "Source repository" not in text and "Open an issue" not in text, page.name

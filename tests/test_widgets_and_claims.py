@@ -25,6 +25,44 @@ def test_panel_in_recorded_mode_offers_only_recorded_points(recorded_mode):
     assert "5" in str(out.outputs[-1]["data"]["text/plain"])
 
 
+def test_recorded_panel_moves_the_other_controls_to_a_recorded_point(recorded_mode):
+    """Issue 19: in_flight was recorded for the event handoff only; choosing it with another
+    strategy answered 'not recorded'. Now the other controls follow to the nearest recorded point."""
+    names = ["strategy", "consumer_ms", "host_delay_ms", "in_flight"]
+    box = widgets.panel("streams.pipeline", lambda r: repr(r.params), params=names)
+    controls = dict(zip(names, box.children[1].children))
+    out = box.children[-1]
+    recorded = [p.params for p in store.load("streams.pipeline").points]
+
+    def shown():
+        return out.outputs[-1]["data"]["text/plain"]
+
+    assert controls["strategy"].value == "record_stream" and controls["in_flight"].value == 1
+    controls["in_flight"].value = 4
+    values = {n: controls[n].value for n in names}
+    assert values == {"strategy": "event", "consumer_ms": 10.0, "host_delay_ms": 0.0, "in_flight": 4}
+    assert any(all(p[n] == v for n, v in values.items()) for p in recorded)
+    assert "'in_flight': 4" in shown() and "not recorded" not in shown()
+    controls["strategy"].value = "stall"
+    assert controls["in_flight"].value == 1 and "'strategy': 'stall'" in shown()
+    assert len(out.outputs) == 1
+
+
+def test_nearest_recorded_point_changes_the_fewest_controls_then_the_least():
+    points = [{"a": 1, "b": 1, "c": 1}, {"a": 2, "b": 1, "c": 3}, {"a": 2, "b": 3, "c": 1}, {"a": 2, "b": 3, "c": 3},
+              {"a": 3, "b": 1, "c": 5}, {"a": 3, "b": 2, "c": 2}]
+    options = {"a": [1, 2, 3], "b": [1, 2, 3], "c": [1, 2, 3, 4, 5]}
+    assert widgets.nearest_recorded(points, {"a": 1, "b": 1, "c": 1}, "a", options) == points[0]  # recorded
+    # not recorded: the fewest steps along the options ...
+    assert widgets.nearest_recorded(points, {"a": 2, "b": 2, "c": 1}, "a", options) == points[2]
+    assert widgets.nearest_recorded(points, {"a": 2, "b": 1, "c": 2}, "a", options) == points[1]
+    assert widgets.nearest_recorded(points, {"a": 2, "b": 1, "c": 1}, "b", options) == points[0]
+    # ... but first the fewest other controls moved: one by four steps, not two by one each
+    assert widgets.nearest_recorded(points, {"a": 3, "b": 1, "c": 1}, "a", options) == points[4]
+    a_value_never_recorded = {"a": 4, "b": 1, "c": 1}
+    assert widgets.nearest_recorded(points, a_value_never_recorded, "a", options) is None
+
+
 def test_panel_rejects_unknown_parameters(recorded_mode):
     with pytest.raises(ValueError, match="no parameter 'size'"):
         widgets.panel("core.three_clocks", str, params=["size"])

@@ -1,57 +1,20 @@
 /* CUDA Memory Lab: the book's own script, shipped with the site (no CDN).
- * 1. Recorded-grid explorers: show the figure of the point the controls select.
- * 2. Phone menus: pydata-sphinx-theme 0.17 binds its drawer to the first .primary-toggle /
+ * 1. Phone menus: pydata-sphinx-theme 0.17 binds its drawer to the first .primary-toggle /
  *    .secondary-toggle only (pydata-sphinx-theme issue #2451); the buttons a phone shows
  *    are later ones, so they forward their tap to the first.
- * 3. Figures shown smaller than their pixels open full size on a click or tap.
+ * 2. Solution titles (issue #19): sphinx-exercise makes most of a solution's title a link
+ *    back to its exercise, so a tap on the title scrolled away instead of opening the
+ *    solution. The title becomes plain text that opens and closes it; the link back to
+ *    the exercise moves to the first line of the solution.
+ * 3. Drawers (issue #19): a link chosen in the phone's "Contents" or navigation drawer
+ *    closes the drawer, then goes where it points.
+ * 4. Identifiers in tables (issue #19): claim ids and check names break after a dot or an
+ *    underscore (a <wbr> there), never inside a word; memlab.css turns off the break
+ *    anywhere that long inline code gets elsewhere.
+ * Explorers and figure zoom: memlab-figures.js.
  */
 (function () {
   "use strict";
-
-  function explorerValues(explorer) {
-    const chosen = {};
-    explorer.querySelectorAll("[data-param]").forEach(function (c) {
-      if (c.type === "radio" && !c.checked) return;
-      if (c.type === "range") {
-        const values = JSON.parse(c.dataset.values);
-        const labels = JSON.parse(c.dataset.labels);
-        chosen[c.dataset.param] = values[+c.value];
-        c.setAttribute("aria-valuetext", labels[+c.value]);
-        const out = c.parentNode.querySelector("output");
-        if (out) out.textContent = labels[+c.value];
-      } else {
-        chosen[c.dataset.param] = JSON.parse(c.value);
-      }
-    });
-    return chosen;
-  }
-
-  function sameParams(point, chosen) {
-    return Object.keys(chosen).every(function (k) {
-      return JSON.stringify(point[k]) === JSON.stringify(chosen[k]);
-    });
-  }
-
-  function update(explorer) {
-    const chosen = explorerValues(explorer);
-    let found = false;
-    explorer.querySelectorAll(".memlab-view").forEach(function (v) {
-      const match = !found && sameParams(JSON.parse(v.dataset.point), chosen);
-      v.hidden = !match;
-      found = found || match;
-    });
-    const missing = explorer.querySelector(".memlab-explorer-missing");
-    if (missing) missing.hidden = found;
-  }
-
-  function setupExplorers() {
-    document.querySelectorAll(".memlab-explorer").forEach(function (explorer) {
-      const form = explorer.querySelector("form");
-      form.addEventListener("input", function () { update(explorer); });
-      form.addEventListener("change", function () { update(explorer); });
-      update(explorer);
-    });
-  }
 
   function setupMenus() {
     [".primary-toggle", ".secondary-toggle"].forEach(function (sel) {
@@ -68,48 +31,69 @@
     });
   }
 
-  let zoom = null;
-  function openZoom(img) {
-    if (!zoom) {
-      zoom = document.createElement("dialog");
-      zoom.className = "memlab-zoom";
-      zoom.setAttribute("aria-label", "Figure at full size (press Escape or tap to close)");
-      zoom.addEventListener("click", function () { zoom.close(); });
-      document.body.appendChild(zoom);
-    }
-    zoom.innerHTML = "";
-    const big = document.createElement("img");
-    big.src = img.src;
-    big.alt = img.alt;
-    zoom.appendChild(big);
-    zoom.showModal();
+  /* ---- 2. Solution titles: a tap anywhere on the title opens the solution. ---- */
+  function setupSolutionTitles() {
+    document.querySelectorAll(".solution.dropdown > .admonition-title").forEach(function (title) {
+      const link = title.querySelector("a[href]");
+      if (!link) return;
+      const label = document.createElement("span");
+      label.className = "memlab-solution-label";
+      label.textContent = link.textContent;
+      link.replaceWith(label);
+      const back = document.createElement("p");
+      back.className = "memlab-solution-back";
+      const a = document.createElement("a");
+      a.href = link.getAttribute("href");
+      a.className = "reference internal";
+      a.textContent = "Back to" + link.textContent;
+      back.appendChild(a);
+      const content = title.parentNode.querySelector(":scope > section, :scope > p, :scope > div");
+      if (content && content.tagName === "SECTION") content.prepend(back);
+      else title.after(back);
+    });
   }
 
-  function setupZoom() {
-    document.querySelectorAll("article .cell_output img").forEach(function (img) {
-      function mark() {
-        const small = img.naturalWidth > img.getBoundingClientRect().width * 1.1;
-        img.classList.toggle("memlab-zoomable", small);
-        if (small) { img.tabIndex = 0; img.setAttribute("role", "button"); }
-      }
-      img.addEventListener("click", function () { if (img.classList.contains("memlab-zoomable")) openZoom(img); });
-      img.addEventListener("keydown", function (ev) {
-        if ((ev.key === "Enter" || ev.key === " ") && img.classList.contains("memlab-zoomable")) {
-          ev.preventDefault();
-          openZoom(img);
-        }
+  /* ---- 3. Drawers: choosing a link closes the drawer first. ---- */
+  function setupDrawerLinks() {
+    document.querySelectorAll("#pst-primary-sidebar-modal, #pst-secondary-sidebar-modal").forEach(function (dialog) {
+      dialog.addEventListener("click", function (ev) {
+        const a = ev.target.closest && ev.target.closest("a[href]");
+        if (!a || !dialog.open || ev.defaultPrevented) return;
+        if (ev.button !== 0 || ev.metaKey || ev.ctrlKey || ev.shiftKey || ev.altKey || a.target === "_blank") return;
+        ev.preventDefault();
+        const href = a.href;
+        // The theme's own close handler moves the links back and focuses the menu button;
+        // going to the link after it keeps that focus from scrolling the page back up.
+        dialog.addEventListener("close", function () {
+          window.setTimeout(function () { window.location.href = href; }, 0);
+        }, { once: true });
+        dialog.close();
       });
-      if (img.complete) mark(); else img.addEventListener("load", mark);
-      window.addEventListener("resize", mark);
     });
-    // Hidden explorer views have no size until shown: mark them when they are.
-    document.querySelectorAll(".memlab-explorer form").forEach(function (f) {
-      f.addEventListener("change", function () { window.dispatchEvent(new Event("resize")); });
+  }
+
+  /* ---- 4. Identifiers in tables: break after "." or "_" only. ---- */
+  function setupIdentifierBreaks() {
+    document.querySelectorAll("article table code").forEach(function (code) {
+      const walker = document.createTreeWalker(code, NodeFilter.SHOW_TEXT);
+      const texts = [];
+      while (walker.nextNode()) texts.push(walker.currentNode);
+      texts.forEach(function (node) {
+        const parts = node.nodeValue.split(/(?<=\w[._])(?=\w)/);
+        if (parts.length < 2) return;
+        const frag = document.createDocumentFragment();
+        parts.forEach(function (part, i) {
+          if (i) frag.appendChild(document.createElement("wbr"));
+          frag.appendChild(document.createTextNode(part));
+        });
+        node.replaceWith(frag);
+      });
+      code.classList.add("memlab-identifier");
     });
   }
 
   function ready(fn) {
     if (document.readyState !== "loading") fn(); else document.addEventListener("DOMContentLoaded", fn);
   }
-  ready(function () { setupExplorers(); setupMenus(); setupZoom(); });
+  ready(function () { setupMenus(); setupSolutionTitles(); setupDrawerLinks(); setupIdentifierBreaks(); });
 })();

@@ -148,7 +148,7 @@ al.plot_timeline(timeline)
 # Change the settings below: `small_mib=8` gives 8 MiB and 16 MiB tensors, and
 # `expandable` turns on expandable segments ({ref}`ch1-expandable`).
 
-# %%
+# %% memlab={"reveals": "ex-alloc-predict-timeline", "points": [{"small_mib": 8}]}
 ex.panel("alloc.timeline", al.plot_timeline)
 
 # %% [markdown]
@@ -165,7 +165,7 @@ ex.panel("alloc.timeline", al.plot_timeline)
 # %%
 al.check_timeline_prediction(None, None)  # (small first, large first), in MiB
 
-# %% tags=["hide-output"] mystnb={"code_prompt_show": "Show the answer", "code_prompt_hide": "Hide the answer"}
+# %% tags=["hide-output"] mystnb={"code_prompt_show": "Show the answer", "code_prompt_hide": "Hide the answer"} memlab={"reveals": "ex-alloc-predict-timeline"}
 al.plot_timeline(ex.run("alloc.timeline", small_mib=8))
 
 # %% [markdown]
@@ -273,7 +273,7 @@ al.oom_figures_table(oom, "interleave")
 
 # %%
 for key, fix in al.OOM_FIXES.items():
-    print(f"{key:>21}: {fix}")
+    print(f"{key!r}: {fix}")
 al.check_oom_reading(None, None)  # (MiB, key of al.OOM_FIXES)
 
 # %% [markdown]
@@ -475,8 +475,13 @@ al.graph_pools_table(graphs)
 
 # %% [markdown]
 # Add the memory that the captures hold outside the shared pool (the table's note) to the
-# model's autograd rows, and you get the lab notes' 574, 194 and 202 MiB. Order matters
-# either way; what autograd keeps alive makes every capture larger.
+# model's autograd rows, and compare with the lab notes' figures quoted above:
+
+# %%
+print(al.autograd_pool_totals(graphs))
+
+# %% [markdown]
+# Order matters either way; what autograd keeps alive makes every capture larger.
 #
 # For your own server: capture in decreasing batch order, or set
 # `expandable_segments:True` before CUDA starts; capture under `torch.no_grad()`; and
@@ -508,8 +513,8 @@ al.plot_fragmentation_oom(oom_expandable, pattern="interleave")
 #
 # **The 1 MiB line.** The small and large pools are separate, with or without expandable
 # segments. Memory freed by tensors of at most 1 MiB cannot serve a request above 1 MiB,
-# and the reverse. The left panel frees a 2 MiB tensor (a 20 MiB large segment) and then
-# asks for a second tensor of the size on the x axis; the right panel frees 4 MiB of
+# and the reverse. The first panel frees a 2 MiB tensor (a 20 MiB large segment) and then
+# asks for a second tensor of the size on the x axis; the second frees 4 MiB of
 # small tensors and then asks for 1.5 MiB.
 
 # %%
@@ -525,7 +530,7 @@ ex.panel("alloc.pool_boundary", al.plot_pool_boundary)
 # %% [markdown]
 # Shrinking a tensor can therefore *raise* reserved memory, when it moves it below the
 # line: the post's example is 2 MiB then 0.5 MiB, which costs 22 MiB, while 2 MiB then
-# 2 MiB costs 20 (the left panel measures both). As the post points out, this defeats a
+# 2 MiB costs 20 (the first panel measures both). As the post points out, this defeats a
 # shared graph pool too: a tensor that is 1.5 MiB at one batch size and 0.75 MiB at
 # another lands in different pools, and the sharing is lost for it.
 #
@@ -714,7 +719,7 @@ training = ex.run("alloc.doctor_snapshots", mode="recorded", workload="training"
 # ```{exercise} Do the other knobs help this training loop?
 # :label: ex-alloc-doctor
 #
-# Expandable segments save about a quarter of the reserved memory here. What about the
+# The table above shows what expandable segments save here. What about the
 # other two knobs of this chapter, `max_split_size_mb:64` and
 # `roundup_power2_divisions:4`? Predict which of them leaves the loop with less memory
 # reserved than the defaults (one of `al.DOCTOR_SETTINGS`), then run the cell after the
@@ -727,7 +732,7 @@ for key, text in al.DOCTOR_SETTINGS.items():
     print(key, text)
 al.check_doctor_setting(None)  # "a", "b", "c" or "d"
 
-# %% tags=["hide-output"] mystnb={"code_prompt_show": "Show the answer", "code_prompt_hide": "Hide the answer"}
+# %% tags=["hide-output"] mystnb={"code_prompt_show": "Show the answer", "code_prompt_hide": "Hide the answer"} memlab={"reveals": "ex-alloc-doctor"}
 display(al.lab_comparison_table(al.lab_comparison(training)))
 al.plot_doctor_snapshots(training)
 
@@ -744,9 +749,9 @@ al.plot_doctor_snapshots(training)
 # growing requests share sizes, but every block is a little larger, and here that costs
 # more than it saves. The doctor's row for the recorded setting is the exact replay; its
 # what-ifs for expandable segments and for `max_split_size_mb` equal the GPU's own runs to
-# the byte, and the rounding one is within 3 % (which of two equal free blocks is reused
-# depends on the addresses the driver picks, which a what-if knows only while it asks the
-# driver for the same segments as the recorded run did).
+# the byte, and the rounding one differs a little (the table shows by how much): which of
+# two equal free blocks is reused depends on the addresses the driver picks, which a
+# what-if knows only while it asks the driver for the same segments as the recorded run did.
 # ```
 
 # %% [markdown]

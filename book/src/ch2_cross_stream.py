@@ -274,8 +274,8 @@ ex.panel("streams.timeline", streams.plot_timeline, params=["strategy"])
 # depends on how far the host is ahead. That distance is the **run-ahead**: GPU time
 # per layer minus host time per layer, summed over the layers.
 #
-# The experiment below runs 32 layers of 64 MiB and varies both sides. On the left,
-# the GPU work per layer grows while the host does nothing else. On the right, the GPU
+# The experiment below runs 32 layers of 64 MiB and varies both sides. In the first panel,
+# the GPU work per layer grows while the host does nothing else. In the second, the GPU
 # work stays at 10 ms and the host spends a growing delay on each layer, as a slow
 # data pipeline or a logging call would.
 #
@@ -314,7 +314,7 @@ streams.runahead_table(sweep)
 # With `record_stream`, blocks pile up as soon as the GPU needs longer per layer than
 # the host. A quarter of a millisecond of GPU work per layer already parks a large
 # share of the layers, because the host queues a layer in less time than that; with
-# 10 ms per layer every layer's buffer is parked. On the right the peak falls back as
+# 10 ms per layer every layer's buffer is parked. In the second panel the peak falls back as
 # the host slows down. Once the host spends longer per layer than the GPU (20 ms against
 # 10), every event has completed by the next allocation and one block is reused. There
 # `record_stream` even needs less memory than the event handoff, whose second buffer
@@ -369,7 +369,7 @@ streams.check_allocated_peak(my_allocated_mib)
 # peaks show all 32.
 # ```
 
-# %% tags=["hide-output"]
+# %% tags=["hide-output"] memlab={"reveals": "ex-streams-allocated"}
 streams.plot_counters(sweep)
 
 # %% [markdown]
@@ -562,7 +562,7 @@ streams.check_allocation_stream(None)  # replace None with "a", "b", "c" or "d"
 #   helpers of this book do it for you:
 #
 #   ```python
-#   from experiments.measure import track_memory
+#   from experiments.core.measure import track_memory
 #   with track_memory() as mem:
 #       train_step()
 #   print(mem.delta.mib())   # allocated, active and reserved peaks in MiB

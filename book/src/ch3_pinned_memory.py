@@ -419,7 +419,7 @@ print(pinned.pin_cost_summary(cost))
 
 # %% [markdown]
 # Fresh pinning grows with the size at a roughly fixed price per MiB, while taking a block
-# from the cache costs microseconds at any size: for a GiB, thousands of times less.
+# from the cache costs microseconds at any size: for a GiB, the first line above gives the factor.
 # This is the post's second argument for never giving pinned memory back: a program with a
 # steady state (the same batch shapes every step) that released its pinned buffers would pay
 # this price again on the next step, for nothing. The third argument is about CUDA graphs.
@@ -491,14 +491,12 @@ graph = ex.run("pinned.graph_replay")
 pinned.plot_graph_replay(graph)
 
 # %%
-import textwrap  # noqa: E402
-
 error = graph["pageable_capture_error"]
-print(textwrap.fill(f"Capturing a copy from pageable memory raised: {error}", 88))
+print(f"Capturing a copy from pageable memory raised: {error}")
 ex.show_claim("pinned.graph_reads_captured_address")
 
 # %% [markdown]
-# The right panel is the pattern that works with graphs: allocate the pinned staging buffer
+# The second panel is the pattern that works with graphs: allocate the pinned staging buffer
 # once, before capture; each step, wait until the previous replay has read it, copy the new
 # data *into* it, replay, and read results through a pinned buffer that the graph writes with
 # a captured DtoH copy:
@@ -549,7 +547,8 @@ print(pinned.ring_summary(ring_runs))
 
 # %% [markdown]
 # With steady work the GPU sets the pace (3 ms of work per batch against about 2 ms of host
-# work), and one buffer already comes within 10 % of four: the host waits a little on every
+# work), and one buffer already comes close to four (the last line of each block says how
+# close): the host waits a little on every
 # batch, but the GPU is seldom left without its next one. Bursty work is where the ring
 # pays. With a single buffer the host waits for the copy queued behind every slow batch, and
 # the GPU then idles through the three fast ones while the host prepares them one at a time.

@@ -27,8 +27,6 @@
 # - how to keep your code sync-free with a detector and a pytest fixture.
 
 # %%
-import textwrap
-
 import experiments as ex
 from experiments import syncs
 
@@ -261,7 +259,7 @@ print(*missed, sep="\n")
 # whose wait the CUDA driver decides rather than PyTorch: a `non_blocking` copy *into*
 # pageable memory and, above a size threshold, a `non_blocking` copy *from* pageable memory
 # ({ref}`ch4-pageable`). Those bars are purple: the host waited and nothing was reported.
-# The right-hand column shows that every operation that syncs also fails CUDA-graph
+# The 'graph' labels show that every operation that syncs also fails CUDA-graph
 # capture. Capture is even stricter than a sync check: it also refuses the small pageable
 # `non_blocking` copy that did not make the host wait, because PyTorch allows no copy
 # between the GPU and unpinned host memory during a capture (the error asks for a pinned
@@ -412,11 +410,12 @@ syncs.plot_case_study(case)
 # queued back to back (dotted). The table splits them by phase and puts the measured step times next to a queue
 # model (`syncs.predicted_step_ms`): sync-free, the slower side sets the pace; with the
 # sync, the GPU's forward and backward are followed by the host's update loops. The model
-# is an approximation, not a fit: where the GPU has at least as much work as the host it
-# comes within about 7 % and errs high (for the step with the sync in the case shown,
-# 28.6 ms predicted against 26.9 ms measured; the table has both). Where the host sets the pace
-# (`balance` 0.5 in the panel below), it undershoots: the host's phases, timed one at a
-# time, add up to less than the same work takes inside the running loop.
+# is an approximation, not a fit: the last line under the table says how far it is from the
+# measured step times of the case shown, and the three balances further down print both.
+# On the lab GPU it came close wherever the GPU had at least as much work as the host, and
+# undershot where the host sets the pace (`balance` 0.5 in the panel below): the host's
+# phases, timed one at a time, add up to less than the same work takes inside the running
+# loop.
 
 # %%
 syncs.case_study_table(case)
@@ -463,12 +462,15 @@ ex.show_claim("syncs.case_study_speedup")
 # next to the step. The three recorded balances (on a GPU this cell measures all three):
 
 # %%
+lines = []
 for balance in (0.5, 1.0, 2.0):
     r = ex.run("syncs.case_study", balance=balance)
     hidden = r["variants"]["hidden_sync"]["step_ms"]["median"]
     free = r["variants"]["sync_free"]["step_ms"]["median"]
-    print(f"balance {balance:g}: {hidden:5.1f} ms per step with the sync, "
-          f"{free:5.1f} ms without: {r['speedup']:.2f}x")
+    model = r["predicted_ms"]
+    lines.append(f"balance {balance:g}: {hidden:5.1f} ms per step with the sync, {free:5.1f} ms without: "
+                 f"{r['speedup']:.2f}x (model: {model['hidden_sync']:.1f} and {model['sync_free']:.1f} ms)")
+print("\n".join(lines))
 
 # %% [markdown]
 # In the panel you can look at each balance's figure:
@@ -579,7 +581,7 @@ if ex.has_cuda():
         clipped = torch.where(x > 0, x, 0.0)  # stays on the device
     print(det.report())
 else:
-    print(textwrap.fill(syncs.no_gpu_message(), 88))
+    print(syncs.no_gpu_message())
 
 # %% [markdown]
 # The next experiment runs cases the debug mode handles badly through both detectors,
@@ -623,6 +625,8 @@ ex.show_claim("syncs.debug_mode_blind_spot")
 # pytest_plugins = ["experiments.pytest_plugin"]
 #
 # # test_training.py
+# import pytest
+#
 # def test_train_step_is_sync_free(sync_detector):
 #     model, batch = build_model_and_batch()   # set-up may sync: not checked
 #     train_step(model, batch)                 # warm-up: constants are built once here

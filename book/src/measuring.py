@@ -19,7 +19,7 @@ ex.status()
 # clock cycles. Clock rates differ between a T4, an A100 and an H200, so the book never
 # hard-codes cycles. It times a few cycle counts with CUDA events, fits a straight line,
 # and from then on converts milliseconds to cycles on whatever GPU it runs on
-# (`experiments.measure.gpu_sleep(ms)`).
+# (`experiments.core.measure.gpu_sleep(ms)`).
 
 # %%
 clock = ex.run("core.sleep_clock")
@@ -41,7 +41,7 @@ print(f"{clock['cycles_per_ms'] / 1e6:.3f} million cycles per ms, launch offset 
 # therefore measures the launch, not the kernel. There are two honest alternatives:
 # synchronize before reading the host clock (which measures the host's wait, including
 # any work already queued), or record CUDA events on the stream before and after the
-# work, which the GPU timestamps as it reaches them. `experiments.measure.time_gpu` uses
+# work, which the GPU timestamps as it reaches them. `experiments.core.measure.time_gpu` uses
 # events, warms up first, repeats, and returns the median with its spread.
 #
 # Change the amount of queued work and compare the three clocks. In recorded mode the
@@ -70,14 +70,14 @@ ex.panel("core.three_clocks", calibration.plot_three_clocks, params=["work_ms"])
 # : everything the allocator holds from CUDA, in use or cached. This is what other
 #   processes cannot have, and what an out-of-memory error is really about (chapter 1).
 #
-# `experiments.measure.track_memory()` resets the peaks, then reports every counter
+# `experiments.core.measure.track_memory()` resets the peaks, then reports every counter
 # relative to the start of the block, so each variant of an experiment starts from zero.
 #
 # ## A fresh process for every allocator setting
 #
 # The allocator reads `PYTORCH_CUDA_ALLOC_CONF` once, when CUDA starts. Experiments that
 # compare settings, or that run into an out-of-memory error on purpose, therefore run in
-# a fresh Python process (`experiments.runner.run_fresh`). Your notebook's kernel keeps
+# a fresh Python process (`experiments.core.runner.run_fresh`). Your notebook's kernel keeps
 # its memory and survives the error; the failure comes back as data. Settings are checked
 # before anything starts, with a message that names the option and what it accepts:
 
@@ -97,7 +97,7 @@ for bad in ({"expandable_segment": True}, {"max_split_size_mb": 8}):
 # Everything above is ordinary Python you can import:
 #
 # ```python
-# from experiments.measure import time_gpu, track_memory, gpu_sleep
+# from experiments.core.measure import time_gpu, track_memory, gpu_sleep
 #
 # print(time_gpu(lambda: model(batch)))          # median (p10, p90) in ms from CUDA events
 # with track_memory() as mem:

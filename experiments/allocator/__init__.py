@@ -19,7 +19,8 @@ from .model import (  # noqa: F401
     AllocatorConfig, compact_layout, normalize_ops, request_anatomy, round_size, simulate,
 )
 from .plots import (  # noqa: F401
-    lab_comparison, lab_comparison_table, plot_doctor_snapshots, plot_doctor_cases, graph_pools_table, knobs_table, oom_figures_table, oom_message, oom_table, plot_anatomy,
+    autograd_pool_totals, lab_comparison, lab_comparison_table, plot_doctor_snapshots, plot_doctor_cases, graph_pools_table,
+    knobs_table, oom_figures_table, oom_message, oom_table, plot_anatomy,
     plot_fragmentation_oom, plot_graph_pools, plot_knobs, plot_pool_boundary, plot_request_table,
     plot_segments, plot_sequence, plot_timeline, request_table_html,
 )
@@ -48,7 +49,7 @@ __all__ = [
     'lab_comparison_table', 'own_snapshot', 'plot_doctor_snapshots', 'plot_doctor_cases', 'Report', 'check_reserved_function', 'check_timeline_prediction',
     'compact_layout', 'explain_setting_error', 'format_bytes', 'fragmentation_index',
     'fragmentation_oom', 'GRAPH_BATCH_SIZES', 'graph_capture_ops', 'GRAPH_DTYPE', 'GRAPH_HIDDEN',
-    'GRAPH_ORDERS', 'graph_pools', 'graph_pools_table', 'KiB', 'KNOB_CAP_MIB', 'KNOBS', 'knobs',
+    'autograd_pool_totals', 'GRAPH_ORDERS', 'graph_pools', 'graph_pools_table', 'KiB', 'KNOB_CAP_MIB', 'KNOBS', 'knobs',
     'knobs_table', 'layout_summary', 'load_snapshot', 'MiB', 'normalize_ops', 'OOM_CAP_CHOICES',
     'OOM_CAP_MIB', 'oom_figures_table', 'OOM_FILL_COUNT', 'OOM_FILL_MIB', 'OOM_FIXES', 'oom_job',
     'oom_message', 'oom_ops', 'OOM_PATTERNS', 'OOM_REQUEST_MIB', 'oom_table', 'ORDERS',

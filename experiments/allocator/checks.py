@@ -1,7 +1,7 @@
 """Self-checking exercises of chapter 1, and ``try_sequence`` for your own allocation patterns
 (imported into :mod:`experiments.allocator`).
 
-Each ``check_*`` function returns :class:`experiments.checks.Feedback`; ``None`` answers
+Each ``check_*`` function returns :class:`experiments.core.checks.Feedback`; ``None`` answers
 mean "not answered yet". Expected values come from the lab GPU's recorded result (or
 your GPU's, in live mode) where the exercise is about a measurement, and from the
 allocator model (:mod:`experiments.allocator.model`, itself checked against the GPU)
@@ -15,7 +15,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..core.units import MiB
 from .model import AllocatorConfig, normalize_ops, simulate
-from ..core.checks import Feedback, check_choice, check_number, combine, exercise, unanswered
+from ..core.checks import (Feedback, call_for_data, check_choice, check_number, combine, exercise,
+                           report_outputs, unanswered)
 
 
 def _recorded_or_live(exp_id: str, **params: Any) -> Any:
@@ -91,8 +92,7 @@ def check_timeline_prediction(small_first_mib: float | None, large_first_mib: fl
         explanation="Four exact 16 MiB segments, each split into two 8 MiB blocks in phase 2.")
     fb = combine([small, large])
     return Feedback(fb.correct, f"{fb.message} (Compared with {source}.)",
-                    {**fb.details, "expected": expected,
-                     "answer": {"small_first": small_first_mib, "large_first": large_first_mib}})
+                    {**fb.details, "answer": {"small_first": small_first_mib, "large_first": large_first_mib}})
 
 
 # ----------------------------------------------------------------------------- exercise: a formula for reserved memory
@@ -110,9 +110,37 @@ def _model_reserved_mib(k: int, s_mib: float, expandable: bool) -> float:
     return simulate(ops, AllocatorConfig(expandable_segments=expandable))["reserved_bytes"][-1] / MiB
 
 
+def run_reserved_function(fn: Callable[[int, float], float], *, expandable: bool = True) -> dict[str, Any]:
+    """Harness of exercise ``ex-alloc-pages``: ``fn(k, s)`` on each of the 36 cases, as plain
+    data (``{"outputs": [...]}``, see :func:`experiments.core.checks.call_for_data`)."""
+    return {"outputs": [call_for_data(fn, k, s) for k, s in _reserved_cases()]}
+
+
+def judge_reserved_function(report: Any, *, expandable: bool = True) -> Feedback:
+    """Verdict on :func:`run_reserved_function`'s report, against the model.
+
+    Raises:
+        ReportError: a report no harness returns.
+    """
+    cases = _reserved_cases()
+    for (k, s), out in zip(cases, report_outputs(report, len(cases))):
+        if "raised" in out:
+            return Feedback(False, f"Your function raised {out['raised']} for k={k}, s={s}.")
+        if "returned" in out:
+            return Feedback(False, f"For k={k}, s={s} your function returned {out['returned']}; return a number of MiB.")
+        got = out["value"]
+        if math.isclose(got, _model_reserved_mib(k, s, expandable), abs_tol=1e-6):
+            continue
+        hint = _reserved_hint(k, s, got, expandable)
+        return Feedback(False, f"For k={k} tensors of s={s} MiB you return {got:g} MiB, which is not what the "
+                               f"allocator reserves. {hint}", {"k": k, "s": s, "answer": got})
+    return Feedback(True, f"All {len(cases)} cases match the allocator's rules.", {"cases": len(cases)})
+
+
 @exercise("ex-alloc-pages", chapter=1, points=3, section="Expandable segments",
           objective="Explain why the order of allocations changes reserved memory and when expandable segments "
-                    "remove that dependence, as a formula for reserved memory.")
+                    "remove that dependence, as a formula for reserved memory.",
+          harness=run_reserved_function, judge=judge_reserved_function)
 def check_reserved_function(fn: Callable[[int, float], float] | None, *, expandable: bool = True) -> Feedback:
     """Check ``fn(k, s)``: reserved MiB after allocating k tensors of s MiB (1.5 ≤ s ≤ 60,
     1 ≤ k ≤ 10) into an empty allocator, against the model on 36 cases.
@@ -125,21 +153,7 @@ def check_reserved_function(fn: Callable[[int, float], float] | None, *, expanda
         return unanswered("your function mapped (or classic): (k, s in MiB) -> reserved MiB")
     if not callable(fn):
         return Feedback(False, f"pass a function of (k, s), got {type(fn).__name__}")
-    cases = _reserved_cases()
-    for k, s in cases:
-        expected = _model_reserved_mib(k, s, expandable)
-        try:
-            got = fn(k, s)
-        except Exception as e:  # the reader's code: report, do not crash the page
-            return Feedback(False, f"Your function raised {type(e).__name__}: {e} for k={k}, s={s}.")
-        if isinstance(got, bool) or not isinstance(got, (int, float)) or not math.isfinite(got):
-            return Feedback(False, f"For k={k}, s={s} your function returned {got!r}; return a number of MiB.")
-        if math.isclose(got, expected, abs_tol=1e-6):
-            continue
-        hint = _reserved_hint(k, s, got, expandable)
-        return Feedback(False, f"For k={k} tensors of s={s} MiB you return {got:g} MiB, which is not what the "
-                               f"allocator reserves. {hint}", {"k": k, "s": s, "answer": got, "expected": expected})
-    return Feedback(True, f"All {len(cases)} cases match the allocator's rules.", {"cases": len(cases)})
+    return judge_reserved_function(run_reserved_function(fn, expandable=expandable), expandable=expandable)
 
 
 def _reserved_hint(k: int, s: float, got: float, expandable: bool) -> str:
@@ -185,27 +199,31 @@ def _frag_cases() -> list[tuple[str, list[dict[str, Any]]]]:
     ]
 
 
-@exercise("ex-alloc-frag-index", chapter=1, points=3, section="From fragmentation to out-of-memory",
-          objective="Measure fragmentation from a memory snapshot: free memory that no single request can use.")
-def check_frag_index(fn: Callable[[list[dict[str, Any]]], float] | None) -> Feedback:
-    """Check ``fn(segments)`` = 1 − largest free block / total free bytes (0 when nothing is
-    free), over all segments, counting only blocks in state 'inactive'."""
+def run_frag_index(fn: Callable[[list[dict[str, Any]]], float]) -> dict[str, Any]:
+    """Harness of exercise ``ex-alloc-frag-index``: ``fn(segments)`` on each of the six
+    layouts (a fresh copy each), as plain data (``{"outputs": [...]}``)."""
+    return {"outputs": [call_for_data(fn, [dict(s, blocks=[dict(b) for b in s["blocks"]]) for s in segments])
+                        for _, segments in _frag_cases()]}
+
+
+def judge_frag_index(report: Any) -> Feedback:
+    """Verdict on :func:`run_frag_index`'s report, against
+    :func:`experiments.allocator.snapshot.fragmentation_index`.
+
+    Raises:
+        ReportError: a report no harness returns.
+    """
     from .snapshot import fragmentation_index
 
-    if fn is None:
-        return unanswered("a function frag_index(segments) -> number")
-    if not callable(fn):
-        return Feedback(False, f"pass a function of a segment list, got {type(fn).__name__}")
-    for name, segments in _frag_cases():
-        expected = fragmentation_index(segments)
-        try:
-            got = fn([dict(s, blocks=[dict(b) for b in s["blocks"]]) for s in segments])
-        except Exception as e:  # the reader's code: report, do not crash the page
+    cases = _frag_cases()
+    for (name, segments), out in zip(cases, report_outputs(report, len(cases))):
+        if "raised" in out:
             hint = " When nothing is free there is no fragmentation: return 0." if name == "nothing free" else ""
-            return Feedback(False, f"Case '{name}': your function raised {type(e).__name__}: {e}.{hint}")
-        if isinstance(got, bool) or not isinstance(got, (int, float)) or not math.isfinite(got):
-            return Feedback(False, f"Case '{name}': your function returned {got!r}; return a number in [0, 1].")
-        if math.isclose(got, expected, abs_tol=1e-9):
+            return Feedback(False, f"Case '{name}': your function raised {out['raised']}.{hint}")
+        if "returned" in out:
+            return Feedback(False, f"Case '{name}': your function returned {out['returned']}; return a number in [0, 1].")
+        got = out["value"]
+        if math.isclose(got, fragmentation_index(segments), abs_tol=1e-9):
             continue
         free = [b["size"] for s in segments for b in s["blocks"] if b["state"] == "inactive"]
         hint = ""
@@ -216,9 +234,22 @@ def check_frag_index(fn: Callable[[list[dict[str, Any]]], float] | None) -> Feed
         elif "two segments" in name:
             hint = "Take the largest free block and the total free bytes over all segments together."
         return Feedback(False, f"Case '{name}': you return {got:.4g}, which is not its index. {hint}".strip(),
-                        {"case": name, "answer": got, "expected": expected})
+                        {"case": name, "answer": got})
     return Feedback(True, "Correct on all six layouts, including the one that ran out of memory: most of its free "
                           "memory sits in blocks far smaller than the request.")
+
+
+@exercise("ex-alloc-frag-index", chapter=1, points=3, section="From fragmentation to out-of-memory",
+          objective="Measure fragmentation from a memory snapshot: free memory that no single request can use.",
+          harness=run_frag_index, judge=judge_frag_index)
+def check_frag_index(fn: Callable[[list[dict[str, Any]]], float] | None) -> Feedback:
+    """Check ``fn(segments)`` = 1 − largest free block / total free bytes (0 when nothing is
+    free), over all segments, counting only blocks in state 'inactive'."""
+    if fn is None:
+        return unanswered("a function frag_index(segments) -> number")
+    if not callable(fn):
+        return Feedback(False, f"pass a function of a segment list, got {type(fn).__name__}")
+    return judge_frag_index(run_frag_index(fn))
 
 
 # ----------------------------------------------------------------------------- multiple choice
@@ -361,6 +392,20 @@ DOCTOR_SETTINGS = {
 }
 
 
+# Why a wrong option is wrong, without the figures that decide it (they are the answer).
+_DOCTOR_HINTS = {
+    "a": "Look at each setting's own run: does every one of them end with less reserved than the defaults?",
+    "b": "max_split_size_mb only changes how blocks of 64 MiB or more are split; compare its run's reserved "
+         "memory at the end with the defaults'.",
+    "c": "Rounding to quarter steps lets growing requests share sizes, but makes every block a little larger; "
+         "compare its run's reserved memory at the end with the defaults'.",
+    "d": "Compare each setting's reserved memory at the end of the loop with the defaults': is neither below?",
+}
+
+
+@exercise("ex-alloc-doctor", chapter=1, points=1, section="The allocator doctor: would another setting have helped?",
+          objective="Judge from a program's own runs under each allocator setting, and the doctor's replay of its "
+                    "snapshot, whether a setting leaves less memory reserved.")
 def check_doctor_setting(answer: str | None, *, result: Any = None) -> Feedback:
     """The transformer's training loop (``alloc.doctor_snapshots``, workload 'training'): which
     of ``max_split_size_mb:64`` and ``roundup_power2_divisions:4`` leaves it with less memory
@@ -372,6 +417,8 @@ def check_doctor_setting(answer: str | None, *, result: Any = None) -> Feedback:
             lab H200's recording, in either mode: recording the four settings live takes four
             fresh processes, more than the chapter's time budget).
     """
+    if answer is None:
+        return unanswered(f"one of {list(DOCTOR_SETTINGS)} as your answer")
     if result is None:
         from ..core.registry import run
 
@@ -385,5 +432,6 @@ def check_doctor_setting(answer: str | None, *, result: Any = None) -> Feedback:
     why = ("max_split_size_mb only changes blocks of 64 MiB or more: it keeps large cached blocks whole, so the "
            "loop's smaller tensors need segments of their own; rounding to quarter steps lets the growing "
            "requests share sizes, but makes every block a little larger.")
+    # The figures only with the right answer: with a wrong one they would give it away.
     return check_choice(answer, best, name="your answer", explanations={
-        k: ("Yes: " if k == best else "No: ") + figures + ". " + why for k in DOCTOR_SETTINGS})
+        k: (f"Yes: {figures}. {why}" if k == best else f"No. {_DOCTOR_HINTS[k]}") for k in DOCTOR_SETTINGS})

@@ -2,7 +2,7 @@
 CUDA graphs into one shared memory pool.
 
 Functions whose names end in ``_worker`` are targets for
-:func:`experiments.runner.run_fresh`: they run in a fresh process (with the allocator
+:func:`experiments.core.runner.run_fresh`: they run in a fresh process (with the allocator
 settings and memory cap the parent chose), take and return JSON values, and assume that
 nothing else in the process has touched the allocator. :func:`measure_layouts` instead
 works inside the caller's process, in a private ``torch.cuda.MemPool``, when the

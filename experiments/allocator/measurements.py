@@ -18,7 +18,7 @@ Experiments (all ids start with ``alloc.``):
   ``garbage_collection_threshold`` change, each on a workload that shows it.
 
 Everything that depends on allocator settings or provokes an out-of-memory error runs
-in a fresh process (:func:`experiments.runner.run_fresh`), under a memory cap where it
+in a fresh process (:func:`experiments.core.runner.run_fresh`), under a memory cap where it
 needs one, so it behaves the same on a 16 GB T4 and on the lab's H200. Measurements that
 need the same settings share one fresh process (:func:`shared_jobs`): recording the
 whole chapter starts five, one each for default settings, expandable segments and the
@@ -343,7 +343,7 @@ def graph_pools(expandable: bool = False) -> dict[str, Any]:
         hidden, dtype, batch_sizes, 'increasing' and 'decreasing' (no grad), 'autograd'
         (the same two orders with grad), each with the growth of reserved bytes after
         each capture and in total, the pool's own bytes after each capture and its
-        segments at the end (see :func:`experiments.allocator_gpu.graph_pools_worker`),
+        segments at the end (see :func:`experiments.allocator.gpu.graph_pools_worker`),
         and expandable_in_effect.
     """
     require_cuda("alloc.graph_pools")

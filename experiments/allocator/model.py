@@ -172,7 +172,7 @@ def simulate(
 
     ``total_memory`` (bytes) sets an expandable segment's virtual range (default: the lab H200).
     Returns the same structure as the GPU worker
-    (:func:`experiments.allocator_gpu.run_ops`): ``labels``, ``allocated_bytes`` and
+    (:func:`experiments.allocator.gpu.run_ops`): ``labels``, ``allocated_bytes`` and
     ``reserved_bytes`` after each alloc/free/empty_cache (lists of equal length),
     ``snapshots`` (label -> segments), ``oom`` (None, or the figures of the failed
     request with its ``step``; the sequence stops there and a snapshot 'oom' is added),

@@ -1,6 +1,6 @@
 """Figures and tables of chapter 1 (imported into :mod:`experiments.allocator`).
 
-Every ``plot_*`` function takes a :class:`~experiments.registry.Result` (or a list of
+Every ``plot_*`` function takes a :class:`~experiments.core.registry.Result` (or a list of
 them) and returns a matplotlib Figure with the provenance footer; the ``*_table``
 functions return a small object that notebooks show as an HTML table and ``print``
 shows as text. Sizes on axes are in MiB.
@@ -14,7 +14,8 @@ from .model import compact_layout
 from .snapshot import oom_rows
 from ..core.tables import Table
 from ..core.units import mib
-from ..core.plotting import PALETTE, memory_timeline, new_figure, segment_map, stamp
+from ..core.plotting import (MIN_FONT_PT, PALETTE, figure_function, is_narrow, legend_below, memory_timeline,
+                              new_figure, pick, segment_map, stamp)
 from ..doctor.report import Report, doctor
 
 ORDER_LABELS = {"small_first": "small tensors first", "large_first": "large tensors first",
@@ -43,6 +44,7 @@ def request_table_html(result: Any) -> Table:
                  caption=result.caption())
 
 
+@figure_function
 def plot_request_table(result: Any) -> Any:
     """For each probe size (rows): the request, the block it got and its segment, on a log scale."""
     probes = result.data["probes"]
@@ -58,19 +60,24 @@ def plot_request_table(result: Any) -> Any:
     ax.invert_yaxis()
     for boundary in (2**20, 10 * 2**20):
         ax.axvline(boundary, color="#888888", linestyle=":", linewidth=1)
-    ticks = [1, 512, 2**10 * 100, 2**20, 10 * 2**20, 100 * 2**20]
+    ticks = pick([1, 512, 2**10 * 100, 2**20, 10 * 2**20, 100 * 2**20], [1, 2**10, 2**20, 100 * 2**20])
     ax.set_xticks(ticks)
     ax.set_xticklabels([format_bytes(t) for t in ticks], fontsize=8)
+    ax.minorticks_off()
     ax.set_xlabel("bytes (log scale): | request, dark bar block, light bar segment")
     ax.grid(axis="y", visible=False)
     from matplotlib.patches import Patch
 
-    ax.legend(handles=[Patch(color=PALETTE[0], label="small pool"), Patch(color=PALETTE[1], label="large pool")],
-              loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    handles = [Patch(color=PALETTE[0], label="small pool"), Patch(color=PALETTE[1], label="large pool")]
+    if is_narrow():
+        legend_below(ax, handles=handles, ncol=2, fontsize=8)
+    else:
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     ax.set_title("Each request's block (dark) and segment (light)")
     return stamp(fig, result)
 
 
+@figure_function
 def plot_segments(segments: Sequence[Mapping[str, Any]], *, title: str = "", source: Any = None) -> Any:
     """A segment map of any layout, e.g. ``parse_segments(torch.cuda.memory._snapshot())``.
 
@@ -92,6 +99,7 @@ def plot_segments(segments: Sequence[Mapping[str, Any]], *, title: str = "", sou
     return stamp(fig, source if source is not None else "your snapshot")
 
 
+@figure_function
 def plot_anatomy(result: Any) -> Any:
     """Segment map of ``alloc.anatomy``: the measured layout, with the model's verdict."""
     d = result.data
@@ -103,6 +111,7 @@ def plot_anatomy(result: Any) -> Any:
 
 # ----------------------------------------------------------------------------- timeline
 
+@figure_function
 def plot_timeline(result: Any) -> Any:
     """Allocated and reserved MiB after every operation, one panel per order, model dotted."""
     d = result.data
@@ -119,17 +128,21 @@ def plot_timeline(result: Any) -> Any:
                 drawstyle="steps-post", linewidth=1.2, label="reserved, model")
         for end in o["phase_ends"][:-2]:
             ax.axvline(end + 2, color="#bbbbbb", linewidth=0.8)
-        if k == 0:
+        if k == 0 and not is_narrow():
             ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
         else:
+            handles, labels = ax.get_legend_handles_labels()
             ax.get_legend().remove()
         first, second = (f"8 × {small}", f"4 × {large}") if order == "small_first" else (f"4 × {large}", f"8 × {small}")
         peak = max(o["reserved_bytes"][: o["phase_ends"][2] + 1])
         ax.set_title(f"{ORDER_LABELS[order]}: {first}, free, {second} → {format_bytes(peak)} reserved", fontsize=10)
     axes[-1].set_xlabel("operation (grey lines separate the phases: alloc, free, alloc, free, empty_cache)")
+    if is_narrow():
+        legend_below(axes[-1], handles=handles, labels=labels, ncol=3, fontsize=8)
     return stamp(fig, result)
 
 
+@figure_function
 def plot_sequence(run: Mapping[str, Any], *, title: str = "") -> Any:
     """Allocated and reserved MiB after each operation of :func:`experiments.allocator.try_sequence`
     (the model as lines; the measurement, when there is one, as dots)."""
@@ -146,9 +159,11 @@ def plot_sequence(run: Mapping[str, Any], *, title: str = "") -> Any:
         ax.plot([i + 0.5 for i in range(1, m + 1)], [mib(v) for v in measured["reserved_bytes"]], "o",
                 color="black", markersize=4, label="reserved, measured")
         ax.legend(loc="upper left", fontsize=8)
+    top = max(mib(v) for v in pred["reserved_bytes"] + (measured["reserved_bytes"] if measured else []))
+    ax.set_ylim(0, max(top, 1e-3) * 1.45)  # head room: the legend sits above the lines
     if n <= 16:
         ax.set_xticks([i + 0.5 for i in range(1, n + 1)])
-        ax.set_xticklabels(pred["labels"], rotation=30, ha="right", fontsize=7)
+        ax.set_xticklabels(pred["labels"], rotation=30, ha="right", fontsize=MIN_FONT_PT)
     return stamp(fig, run.get("source", "model prediction"))
 
 
@@ -207,17 +222,25 @@ def oom_figures_table(result: Any, pattern: str = "interleave") -> Table:
     return Table(["what the message says", "value"], oom_rows(figures), caption=result.caption())
 
 
-def oom_message(result: Any, pattern: str = "interleave", width: int = 88) -> str:
-    """The out-of-memory message one pattern raised, wrapped to ``width`` characters
-    (or a line saying that the request fitted)."""
+def oom_message(result: Any, pattern: str = "interleave", width: int | None = None) -> str:
+    """The out-of-memory message one pattern raised, as one paragraph (or a line saying
+    that the request fitted).
+
+    Args:
+        width: wrap to this many characters (a terminal). By default the text is not
+            wrapped: a page or notebook wraps it to its own width, and a second wrap at
+            a fixed width leaves ragged lines there.
+    """
     import textwrap
 
     p = result.data["patterns"][pattern]
     if not p["oom"]:
         return f"'{pattern}': no out-of-memory error, the request fitted."
-    return textwrap.fill(" ".join(p["message"].split()), width, break_long_words=False, break_on_hyphens=False)
+    text = " ".join(p["message"].split())
+    return textwrap.fill(text, width, break_long_words=False, break_on_hyphens=False) if width else text
 
 
+@figure_function
 def plot_fragmentation_oom(result: Any, pattern: str = "interleave") -> Any:
     """Left: the segments after the 64 MiB request of ``pattern`` (at the failure, if it
     failed). Right: for every pattern, reserved and allocated MiB before the request (at
@@ -232,8 +255,10 @@ def plot_fragmentation_oom(result: Any, pattern: str = "interleave") -> Any:
         raise ValueError(f"pattern must be one of {list(d['patterns'])}, got {pattern!r}")
     p = d["patterns"][pattern]
     segs = p["segments_after"]
-    fig, (left, right) = new_figure(1, 2, width=10.0, height=max(3.2, 0.3 * len(segs) + 1.6),
-                                    gridspec_kw={"width_ratios": [3, 2]})
+    map_height = max(3.2, 0.3 * len(segs) + 1.6)
+    fig, (left, right) = new_figure(1, 2, width=10.0, height=map_height, gridspec_kw={"width_ratios": [3, 2]},
+                                    narrow_height=0.3 * len(segs) + 1.4 + 3.6,
+                                    narrow_ratios=[0.3 * len(segs) + 1.2, 3.0])
     setting = "expandable segments" if result.params.get("expandable") else "default settings"
     cap = mib(d["cap_bytes"])
     segment_map(segs, ax=left)
@@ -242,8 +267,9 @@ def plot_fragmentation_oom(result: Any, pattern: str = "interleave") -> Any:
     else:
         failed = f"a {format_bytes(p['failed_request_bytes'])}" if p.get("failed_request_bytes") else "a"
         what = f"{failed} tensor of phase 1 → out of memory, before the 64 MiB request"
-    fig.suptitle(f"'{pattern}', {setting}, cap {cap:.0f} MiB: {what}. Left: the segments "
-                 f"{'at the failure' if p['oom'] else 'after it'}; right: all three patterns", fontsize=10)
+    first, second = pick(("Left", "right"), ("Above", "below"))
+    fig.suptitle(f"'{pattern}', {setting}, cap {cap:.0f} MiB: {what}. {first}: the segments "
+                 f"{'at the failure' if p['oom'] else 'after it'}; {second}: all three patterns", fontsize=10)
     names = [n for n in PATTERN_ORDER if n in d["patterns"]]
     pats = [d["patterns"][n] for n in names]
     reached = [q.get("reached_request", True) for q in pats]
@@ -261,7 +287,7 @@ def plot_fragmentation_oom(result: Any, pattern: str = "interleave") -> Any:
                   label="reserved at the end")
     right.axhline(cap, color=PALETTE[3], linestyle="--", linewidth=1, label="cap")
     for i, (q, r) in enumerate(zip(pats, reached)):
-        right.annotate(("OOM" if r else "OOM (phase 1)") if q["oom"] else "fits", (i, cap), ha="center",
+        right.annotate(("OOM" if r else "OOM\n(phase 1)") if q["oom"] else "fits", (i, cap), ha="center",
                        va="bottom", fontsize=9 if r else 8, fontweight="bold",
                        color=PALETTE[3] if q["oom"] else PALETTE[2], xytext=(0, 3),
                        textcoords="offset points")
@@ -269,7 +295,7 @@ def plot_fragmentation_oom(result: Any, pattern: str = "interleave") -> Any:
     right.set_xticklabels(names)
     right.set_ylabel("memory (MiB)")
     right.set_ylim(0, max(cap, *after) * 1.18)
-    right.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, fontsize=8)
+    legend_below(right, ncol=2, fontsize=8)
     right.grid(axis="x", visible=False)
     return stamp(fig, result)
 
@@ -283,6 +309,7 @@ def _graph_results(results: Any) -> list[Any]:
     return list(results) if isinstance(results, (list, tuple)) else [results]
 
 
+@figure_function
 def plot_graph_pools(results: Any) -> Any:
     """Reserved growth while capturing one graph per batch size into a shared pool.
 
@@ -328,7 +355,7 @@ def plot_graph_pools(results: Any) -> Any:
     right.set_title("after all captures", fontsize=10)
     top = max(mib(orders[o]["reserved_growth_bytes"]) for _, orders in groups for o in ("increasing", "decreasing"))
     right.set_ylim(0, top * 1.2)
-    right.legend(loc="upper right", fontsize=8)
+    legend_below(right, ncol=2, fontsize=8, xticklines=2)  # above the bars it would cover their values
     right.grid(axis="x", visible=False)
     d = results[0].data
     fig.suptitle(f"{len(d['batch_sizes'])} CUDA graphs of an MLP (hidden {d['hidden']}, {d.get('dtype', '')}, batch "
@@ -375,15 +402,42 @@ def graph_pools_table(results: Any) -> Table:
     return Table(header, rows, caption=note + " / ".join(dict.fromkeys(r.caption() for r in results)))
 
 
+def autograd_pool_totals(results: Any) -> str:
+    """What the autograd captures of ``alloc.graph_pools`` cost the whole process, per
+    setting and order (MiB): the model's shared pool plus the memory the same run reserved
+    outside the pool (the growth of ``memory_reserved()`` less the pool). These are the
+    figures the lab notes measured for the MLP in bfloat16; one line per setting, or a line
+    saying that the autograd captures were not recorded."""
+    from .predict import _graph_variants, predict_graph_pools
+
+    lines = []
+    for r in _graph_results(results):
+        expandable = bool(r.params.get("expandable"))
+        measured = _graph_variants(r.data).get("autograd")
+        name = "expandable segments" if expandable else "default settings"
+        if not measured:
+            lines.append(f"{name}: the autograd captures were not recorded")
+            continue
+        model = predict_graph_pools(r.data, expandable=expandable)["autograd"]
+        totals = [mib(model[o][-1] + measured[o]["reserved_growth_bytes"] - measured[o]["pool_reserved_bytes"])
+                  for o in ("increasing", "decreasing")]
+        lines.append(f"{name}: model plus outside the pool, {totals[0]:.0f} MiB smallest batch first, "
+                     f"{totals[1]:.0f} MiB largest first")
+    return "\n".join(lines)
+
+
 # ----------------------------------------------------------------------------- pool boundary
 
+@figure_function
 def plot_pool_boundary(result: Any) -> Any:
     """Left: reserved MiB after a freed 2 MiB block and a second request, against that request's
     size (1 MiB line dashed). Right: the layout after eight freed 512 KiB tensors and a
     1.5 MiB request."""
     d = result.data
     sw = d["sweep"]
-    fig, (left, right) = new_figure(1, 2, width=10.0, height=3.4, gridspec_kw={"width_ratios": [1, 1]})
+    rows = len(d["small_to_large"]["segments_after"])
+    fig, (left, right) = new_figure(1, 2, width=10.0, height=3.4, gridspec_kw={"width_ratios": [1, 1]},
+                                    narrow_height=3.2 + 0.42 * rows + 1.6, narrow_ratios=[3.2, 0.42 * rows + 1.2])
     xs = [mib(n) for n in sw["sizes_bytes"]]
     left.plot(xs, [mib(v) for v in sw["reserved_bytes"]], "o-", color=PALETTE[1], label="reserved, measured")
     left.plot(xs, [mib(v) for v in sw["predicted_reserved_bytes"]], ":", color="black", label="model")
@@ -399,7 +453,8 @@ def plot_pool_boundary(result: Any) -> Any:
     s = d["small_to_large"]
     labelled = [{**seg, "label": f"{seg['pool']} · {format_bytes(seg['total_size'])}"} for seg in s["segments_after"]]
     segment_map(labelled, ax=right)
-    fig.suptitle(f"Left: a 2 MiB tensor freed, then a second request. Right: {s['small_count']} × "
+    first, second = pick(("Left", "Right"), ("Above", "Below"))
+    fig.suptitle(f"{first}: a 2 MiB tensor freed, then a second request. {second}: {s['small_count']} × "
                  f"{format_bytes(s['small_bytes'])} freed, then {format_bytes(s['request_bytes'])}: reserved "
                  f"{mib(s['reserved_before_bytes']):.0f} → {mib(s['reserved_after_bytes']):.0f} MiB", fontsize=10)
     return stamp(fig, result)
@@ -407,12 +462,14 @@ def plot_pool_boundary(result: Any) -> Any:
 
 # ----------------------------------------------------------------------------- knobs
 
+@figure_function
 def plot_knobs(result: Any) -> Any:
     """One panel per knob: MiB reserved at the end of its workload with default settings,
     with the knob, and with expandable segments (model values as black ticks)."""
     d = result.data
     names = list(d["knobs"])
-    fig, grid = new_figure(1, len(names), width=max(4.0, 3.4 * len(names)), height=3.4, squeeze=False)
+    fig, grid = new_figure(1, len(names), width=max(4.0, 3.4 * len(names)), height=3.4, squeeze=False,
+                           narrow_height=2.7 * len(names) + 0.6)
     axes = list(grid[0])
     for ax, name in zip(axes, names):
         k = d["knobs"][name]
@@ -431,7 +488,8 @@ def plot_knobs(result: Any) -> Any:
         ax.tick_params(axis="x", labelsize=8)
         ax.grid(axis="x", visible=False)
         ax.set_ylim(0, max(values + [1.0]) * 1.25)
-    axes[0].set_ylabel("reserved at the end (MiB)")
+    for ax in axes if is_narrow() else axes[:1]:  # stacked, each panel has its own y axis
+        ax.set_ylabel("reserved at the end (MiB)")
     fig.suptitle(f"Each knob on its own workload (memory cap {format_bytes(d['cap_bytes'])}; "
                  "black ticks: the model)", fontsize=10)
     return stamp(fig, result)
@@ -496,8 +554,12 @@ def plot_doctor_snapshots(result: Any, workload_settings: str = "") -> Any:
     Raises:
         ValueError: ``result`` has no run under ``workload_settings``.
     """
-    rep = _recorded_point(result, workload_settings)[2]
-    return stamp(rep.figure(), result) if hasattr(result, "caption") else rep.figure()
+    def draw(result: Any, workload_settings: str) -> Any:
+        rep = _recorded_point(result, workload_settings)[2]
+        return stamp(rep.figure(), result) if hasattr(result, "caption") else rep.figure()
+
+    # a figure_function call, so that the book can draw it again for phones
+    return figure_function(draw)(result, workload_settings)
 
 
 def plot_doctor_cases(result: Any, workload_settings: str = "") -> Any:

@@ -2,7 +2,7 @@
 
 * :func:`parse_segments` turns ``torch.cuda.memory._snapshot()`` (or the segment list of
   ``torch.cuda.memory_snapshot()``) into the plain segment dicts that
-  :func:`experiments.plotting.segment_map` draws and that recorded results store.
+  :func:`experiments.core.plotting.segment_map` draws and that recorded results store.
 * :func:`layout_summary` and :func:`fragmentation_index` measure how usable the free
   memory in a layout is.
 * :func:`parse_oom_message` reads the figures out of a ``torch.OutOfMemoryError`` message.

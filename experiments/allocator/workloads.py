@@ -1,7 +1,7 @@
 """The allocation patterns of chapter 1's experiments, as operation sequences.
 
 Each pattern is a list of operations for :func:`experiments.allocator.model.simulate`
-(the model) and :func:`experiments.allocator_gpu.run_ops` (the GPU), so the prediction
+(the model) and :func:`experiments.allocator.gpu.run_ops` (the GPU), so the prediction
 and the measurement run exactly the same steps. Sizes are in bytes unless a name says MiB.
 """
 from __future__ import annotations

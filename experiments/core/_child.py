@@ -1,6 +1,6 @@
-"""Entry point of the fresh process started by :func:`experiments.runner.run_fresh`.
+"""Entry point of the fresh process started by :func:`experiments.core.runner.run_fresh`.
 
-Usage: ``python -m experiments._child REQUEST.json RESPONSE.json``. Writes
+Usage: ``python -m experiments.core._child REQUEST.json RESPONSE.json``. Writes
 ``{"ok": true, "value": ...}`` or ``{"ok": false, "error_kind": ..., "message": ...}``.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Caching-allocator settings (``PYTORCH_CUDA_ALLOC_CONF``): parse, format, validate.
 
 The allocator reads its settings once, when CUDA initialises, so every setting is
-tried in a fresh process (:mod:`experiments.runner`). Option names and the release
+tried in a fresh process (:mod:`experiments.core.runner`). Option names and the release
 that introduced each come from ``c10/cuda/CUDAAllocatorConfig.h`` and
 ``c10/core/AllocatorConfig.h`` of the 2.4.1 ... 2.14.1 wheels (see the background
 note experiments/doctor/RULES.md §G) and the CUDA semantics notes,

@@ -32,7 +32,7 @@ NUMBERS: tuple[int, ...] = tuple(c.number for c in CHAPTERS)
 class Command:
     """A command-line subcommand that a chapter or a tool package provides: ``experiments.<module>``
     has ``add_parser(subparsers)``, imported only when the command is used (core imports no
-    chapter)."""
+    chapter and no tool package)."""
 
     name: str
     module: str
@@ -41,6 +41,7 @@ class Command:
 
 COMMANDS: tuple[Command, ...] = (
     Command("doctor", "doctor.cli", "replay a memory snapshot exactly and compare allocator settings"),
+    Command("grade", "grading.cli", "run and score students' notebooks, each in a sandbox, into a CSV (or --json)"),
 )
 
 

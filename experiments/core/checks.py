@@ -6,9 +6,21 @@ unanswered exercise (``None``: a reminder, not a failure).
 
 Each check is declared once with :func:`exercise`: its label in the book, chapter,
 points, learning objective and the section whose rule it practises. The declaration
-feeds the instructors' table and the grader (:mod:`experiments.core.grading`), and adds the
-self-study behaviour: a wrong answer names the section, and after a second wrong try
-points to the solution. Feedback never states the expected value of a wrong answer.
+feeds the instructors' table and the grader (:mod:`experiments.grading`, which imports the
+chapters' declarations; nothing here imports it), and adds the self-study behaviour: a
+wrong answer names the section, and after a second wrong try points to the solution (in
+the student edition: to the instructor).
+
+Feedback gives nothing away: neither its message, its ``details`` nor its ``repr`` holds
+the expected value, and for answers made of many items (a classification, a dict of
+counts) it says how many are wrong, never which. ``details`` holds the student's own
+answer and ``wrong_parts``: the parts of a multi-part question that are wrong.
+
+An exercise whose answer is a function is declared with a *harness* and a *judge*: the
+harness calls the function on the check's own inputs and returns what happened as plain
+data (numbers, strings, lists, dicts); the judge turns that data into the verdict. The
+check is ``judge(harness(fn))``; the grader runs the harness in a sandbox and the judge in
+its own process.
 """
 from __future__ import annotations
 
@@ -81,15 +93,15 @@ def check_number(
         return Feedback(False, f"{name} should be a finite number{f' in {unit}' if unit else ''}, got {answer!r}.",
                         {"wrong_parts": [name]})
     u = f" {unit}" if unit else ""
-    details = {"answer": answer, "expected": expected}
+    details: dict[str, Any] = {"answer": answer}
     if math.isclose(answer, expected, rel_tol=rel_tol, abs_tol=abs_tol):
         return Feedback(True, f"{name} = {expected:g}{u}. {explanation}".strip(), details)
     details["wrong_parts"] = [name]
     for value, message in hints:
         if math.isclose(answer, value, rel_tol=rel_tol, abs_tol=abs_tol):
             return Feedback(False, f"{answer:g}{u} is not it for {name}. {message}", details)
-    # The direction teaches without giving the value away; the section pointer comes
-    # from the exercise's declaration.
+    # The direction teaches without giving the value away (graded mode leaves it out: it
+    # would let a student bisect); the section pointer comes from the exercise's declaration.
     direction = "high" if answer > expected else "low"
     return Feedback(False, f"{answer:g}{u} is too {direction} for {name}.", details)
 
@@ -119,7 +131,7 @@ def check_choice(answer: Any, correct: Any, *, explanations: Mapping[Any, str], 
     if not known:
         return Feedback(False, f"{answer!r} is not an option; choose one of {list(explanations)}.",
                         {"wrong_parts": [name]})
-    details: dict[str, Any] = {"answer": answer, "correct": correct}
+    details: dict[str, Any] = {"answer": answer}
     if answer != correct:
         details["wrong_parts"] = [name]
     return Feedback(answer == correct, explanations[answer], details)
@@ -146,6 +158,11 @@ class Exercise:
     its parameters without a default, in order: the values a student fills in. Other
     parameters (``result=``, ``expandable=``) are the check's own and never taken from a
     submission.
+
+    ``harness`` and ``judge`` are set for an exercise whose one answer is a function:
+    ``harness(fn)`` runs it on the check's inputs and returns plain data,
+    ``judge(data)`` returns the :class:`Feedback` (raising :class:`ReportError` on data that
+    is not what a harness returns).
     """
 
     label: str
@@ -156,18 +173,29 @@ class Exercise:
     check: Callable[..., Feedback]
     answers: tuple[str, ...]
     needs_gpu: bool = False
+    harness: Callable[[Callable[..., Any]], Any] | None = None
+    judge: Callable[[Any], Feedback] | None = None
 
     @property
     def check_name(self) -> str:
         return self.check.__name__
 
+    @property
+    def takes_function(self) -> bool:
+        """Whether the answer is a function (scored through ``harness`` and ``judge``)."""
+        return self.harness is not None
+
 
 EXERCISES: dict[str, Exercise] = {}
 _WRONG_TRIES: dict[str, int] = {}
+# The handed-out notebooks' set-up cell sets it to "student" (scripts/student_edition.py).
+EDITION_ENV = "CUDA_MEMLAB_EDITION"
 
 
 def exercise(label: str, *, chapter: int, points: float, objective: str, section: str,
-             needs_gpu: bool = False) -> Callable[[Callable[..., Feedback]], Callable[..., Feedback]]:
+             needs_gpu: bool = False, harness: Callable[[Callable[..., Any]], Any] | None = None,
+             judge: Callable[[Any], Feedback] | None = None,
+             ) -> Callable[[Callable[..., Feedback]], Callable[..., Feedback]]:
     """Declare a check function as the check of exercise ``label`` (as in the book's
     ``:label:``) and register it in :data:`EXERCISES`.
 
@@ -176,6 +204,7 @@ def exercise(label: str, *, chapter: int, points: float, objective: str, section
         section: the title of the section whose rule the exercise practises (named in
             wrong-answer feedback).
         needs_gpu: the check runs the student's code on a GPU and cannot judge it without.
+        harness, judge: for an exercise whose one answer is a function (see :class:`Exercise`).
 
     The returned function behaves like the check for a reader: a wrong answer also
     names the section, and from the second wrong try on points to the solution. With
@@ -184,6 +213,7 @@ def exercise(label: str, *, chapter: int, points: float, objective: str, section
 
     Raises:
         ValueError: a label not starting with 'ex-', a chapter outside 1-4, points <= 0,
+            a harness without a judge (or the reverse) or for a check of several answers,
             or the label declared twice for different checks.
     """
     if not label.startswith("ex-"):
@@ -192,21 +222,29 @@ def exercise(label: str, *, chapter: int, points: float, objective: str, section
         raise ValueError(f"chapter must be 1-4, got {chapter!r}")
     if not points > 0:
         raise ValueError(f"points must be > 0, got {points!r}")
+    if (harness is None) != (judge is None):
+        raise ValueError("harness and judge go together: give both or neither")
 
     def declare(check: Callable[..., Feedback]) -> Callable[..., Feedback]:
         params = inspect.signature(check).parameters.values()
         answers = tuple(p.name for p in params if p.default is p.empty
                         and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+        if harness is not None and len(answers) != 1:
+            raise ValueError(f"a harness scores one function answer; {check.__name__} takes {list(answers)}")
         old = EXERCISES.get(label)
         if old is not None and old.check.__qualname__ != check.__qualname__:
             raise ValueError(f"exercise {label!r} is declared twice: {old.check.__qualname__} and "
                              f"{check.__qualname__}")
-        EXERCISES[label] = Exercise(label, chapter, points, objective, section, check, answers, needs_gpu)
+        EXERCISES[label] = Exercise(label, chapter, points, objective, section, check, answers, needs_gpu,
+                                    harness, judge)
 
         @functools.wraps(check)
         def self_study(*args: Any, **kwargs: Any) -> Feedback:
             return _self_study(label, section, check(*args, **kwargs))
 
+        # No way around the exam wording through the wrapper (the signature stays visible).
+        del self_study.__wrapped__  # type: ignore[attr-defined]
+        self_study.__signature__ = inspect.signature(check)  # type: ignore[attr-defined]
         self_study.exercise_label = label  # type: ignore[attr-defined]
         return self_study
 
@@ -221,8 +259,11 @@ def _self_study(label: str, section: str, fb: Feedback) -> Feedback:
     tries = _WRONG_TRIES[label] = _WRONG_TRIES.get(label, 0) + 1
     more = f" The rule is in the section '{section}'."
     if tries >= 2:
-        # the student edition has no solutions: say where the full book keeps them
-        more += " Stuck after two tries? The exercise's solution, under it in the full book, walks through it."
+        if os.environ.get(EDITION_ENV, "").strip().lower() == "student":
+            # the student edition has no solutions, and sends no one to the book that has them
+            more += " Stuck after two tries? Ask your instructor."
+        else:
+            more += " Stuck after two tries? The exercise's solution, folded under it, walks through it."
     return Feedback(False, fb.message + more, fb.details)
 
 
@@ -234,3 +275,47 @@ def graded_feedback(fb: Feedback) -> str:
         return "correct"
     parts = fb.details.get("wrong_parts") or []
     return "wrong" + (f": {', '.join(str(p) for p in parts)}" if parts else "")
+
+
+# ----------------------------------------------------------------------------- function answers
+
+class ReportError(ValueError):
+    """A judge was given data that no harness returns (malformed, or forged in a sandbox)."""
+
+
+def call_for_data(fn: Callable[..., Any], *args: Any) -> dict[str, Any]:
+    """Call a student's function; what happened as plain data: ``{"value": float}`` for a
+    finite number, ``{"returned": text}`` for anything else (its repr, at most 80
+    characters), ``{"raised": "Type: message"}`` (at most 200 characters)."""
+    try:
+        got = fn(*args)
+    except Exception as e:  # the reader's code: report, do not crash the page
+        return {"raised": f"{type(e).__name__}: {e}"[:200]}
+    if isinstance(got, bool) or not isinstance(got, (int, float)) or not math.isfinite(got):
+        try:
+            text = repr(got)[:80]
+        except Exception:  # a repr that raises: its type is enough
+            text = f"a {type(got).__name__}"
+        return {"returned": text}
+    return {"value": float(got)}
+
+
+def report_outputs(report: Any, n: int) -> list[dict[str, Any]]:
+    """The ``outputs`` of a harness's report, checked: ``n`` entries as :func:`call_for_data`
+    returns them.
+
+    Raises:
+        ReportError: anything else.
+    """
+    outputs = report.get("outputs") if isinstance(report, Mapping) else None
+    if not isinstance(outputs, list) or len(outputs) != n:
+        raise ReportError(f"expected {n} outputs")
+    for out in outputs:
+        if not (isinstance(out, Mapping) and len(out) == 1):
+            raise ReportError("an output is malformed")
+        (kind, value), = out.items()
+        ok = (kind == "value" and isinstance(value, (int, float)) and not isinstance(value, bool)
+              and math.isfinite(value)) or (kind in ("returned", "raised") and isinstance(value, str))
+        if not ok:
+            raise ReportError("an output is malformed")
+    return outputs

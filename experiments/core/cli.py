@@ -3,7 +3,7 @@
 record   run experiments on this GPU and write their recorded results
 list     experiments, their chapters, and the GPUs with recorded results
 claims   evaluate the posts' claims (live on a GPU, or --recorded) as text or --json
-grade    run and score students' notebooks into a CSV (or --json)
+grade    run and score students' notebooks, each in a sandbox, into a CSV (or --json)
 doctor   replay a memory snapshot exactly and compare allocator settings (chapter 1)
 """
 from __future__ import annotations
@@ -80,27 +80,6 @@ def cmd_claims(args: argparse.Namespace) -> int:
     return 1 if args.strict and any(r.holds is not True for r in results) else 0
 
 
-def cmd_grade(args: argparse.Namespace) -> int:
-    from . import grading
-    from .device import has_cuda
-
-    if not args.timeout > 0:
-        raise ValueError(f"--timeout must be > 0 seconds, got {args.timeout:g}")
-    if args.out and Path(args.out).is_dir():
-        raise ValueError(f"--out {args.out!r} is a folder; give a file name such as grades.csv")
-    if args.live and not has_cuda():
-        raise ValueError("--live needs a CUDA GPU and none is visible; leave it out to grade in recorded mode")
-    rows = grading.grade(args.submission, timeout_s=args.timeout, live=args.live, feedback=args.feedback,
-                         jobs=args.jobs)
-    text = (json.dumps([r.to_json() for r in rows], indent=1) + "\n") if args.json else grading.rows_to_csv(rows)
-    if args.out:
-        grading.write_atomic(args.out, text)
-        print(f"wrote {args.out} ({sum(r.exercise != grading.TOTAL for r in rows)} exercise rows)", file=sys.stderr)
-    else:
-        sys.stdout.write(text)
-    return 0
-
-
 def cmd_probe(args: argparse.Namespace) -> int:
     from . import probe
 
@@ -152,18 +131,6 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     cl.add_argument("--chapter", type=int, choices=[n for n in chapters.NUMBERS if n > 0])
     cl.add_argument("--strict", action="store_true", help="exit 1 unless every claim holds")
     cl.set_defaults(func=cmd_claims)
-
-    gr = sub.add_parser("grade", help="run and score students' notebooks (no GPU needed)")
-    gr.add_argument("submission", nargs="+", metavar="SUBMISSION", help="a notebook (.ipynb) or a folder of them")
-    gr.add_argument("--out", help="write the grades to this file (default: print them)")
-    gr.add_argument("--json", action="store_true", help="a JSON list of rows instead of CSV")
-    gr.add_argument("--live", action="store_true",
-                    help="run on this machine's GPU and grade the GPU exercises too (default: recorded mode)")
-    gr.add_argument("--timeout", type=float, default=600.0, help="time limit per notebook, seconds (default 600)")
-    gr.add_argument("--jobs", type=int, default=1, help="notebooks graded at once (default 1)")
-    gr.add_argument("--feedback", choices=("graded", "full"), default="graded",
-                    help="graded: correct / wrong / which part (default); full: the checks' messages")
-    gr.set_defaults(func=cmd_grade)
 
     pr = sub.add_parser("probe", help="what this machine offers the book: GPU, versions, torch features")
     pr.add_argument("--json", action="store_true", help="print the report as JSON")

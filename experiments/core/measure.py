@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import statistics
 import time
 from typing import Any, Callable, Iterator, Sequence
@@ -264,6 +265,58 @@ def reset_allocator() -> None:
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
+
+
+def release_library_workspaces() -> None:
+    """Free the cuBLAS/cuBLASLt workspaces that PyTorch caches per (handle, stream).
+
+    PyTorch allocates a matmul workspace (32 MiB on Hopper) through the caching allocator
+    the first time a handle is used on a stream, and keeps it in a process-wide map
+    (``cublas_handle_stream_to_workspace`` in ``aten/src/ATen/cuda/CublasHandlePool.cpp``):
+    it counts as *allocated* although no tensor owns it. Autograd's device thread has a
+    handle of its own, and every new stream gets a new workspace. They are recreated on
+    the next matmul. PyTorch's own leak check frees them the same way before it compares
+    ``memory_allocated()`` (``CudaMemoryLeakCheck`` in ``torch/testing/_internal/common_utils.py``).
+    A no-op on a torch without the (private) call.
+    """
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        torch.cuda.synchronize()
+        clear()
+
+
+@contextlib.contextmanager
+def memory_left_as_found() -> Iterator[None]:
+    """Around a live experiment: leave ``torch.cuda.memory_allocated()`` no higher than it was.
+
+    Without a GPU (or before CUDA started, where the counter reads 0) nothing is read.
+    After the block, if allocated bytes are above the start, garbage is collected (tensors
+    in reference cycles: an exception's frames, a closure) and then the matmul workspaces
+    the block made PyTorch cache are freed (:func:`release_library_workspaces`). What is
+    still above the start after that is a tensor the experiment kept: a bug that
+    ``tests/test_memory_left_gpu.py`` reports. Reserved memory is left to the caller
+    (``torch.cuda.empty_cache()``).
+    """
+    if not torch.cuda.is_available():
+        yield
+        return
+    before = torch.cuda.memory_allocated()
+    failed = False
+    try:
+        yield
+    except BaseException:
+        failed = True
+        raise
+    finally:
+        try:
+            if torch.cuda.is_initialized() and torch.cuda.memory_allocated() > before:
+                gc.collect()
+                if torch.cuda.memory_allocated() > before:
+                    release_library_workspaces()
+        except Exception:
+            if not failed:
+                raise
+            # The experiment's own error is the one to see, not a failed clean-up after it.
 
 
 # ---------------------------------------------------------------- calibrated GPU delay

@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from . import store
 from .text import close_names
 from .units import number
+from .measure import memory_left_as_found
 from .device import Provenance, collect_provenance, has_cuda, in_colab, require_cuda, COLAB_SWITCH_HINT
 
 MODES = ("auto", "live", "recorded")
@@ -222,7 +223,9 @@ def experiment(
             twice = sorted(set(given) & set(kwargs))
             if twice:
                 raise ValueError(f"{id}: parameter {twice[0]!r} given twice")
-            return func(**exp.complete({**given, **kwargs}))
+            point = exp.complete({**given, **kwargs})
+            with memory_left_as_found():
+                return func(**point)
 
         validated.experiment = exp  # type: ignore[attr-defined]
         return validated
@@ -345,7 +348,8 @@ def run(exp_id: str, *, mode: str | None = None, cache: bool = False, **params: 
             return _LIVE_CACHE[key]
         require_cuda(f"running {exp.id} live")
         t0 = time.perf_counter()
-        data = store.to_jsonable(dict(exp.func(**point)))
+        with memory_left_as_found():
+            data = store.to_jsonable(dict(exp.func(**point)))
         elapsed = time.perf_counter() - t0
         if exp.data_schema:
             import jsonschema

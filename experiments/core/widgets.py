@@ -79,6 +79,41 @@ def _displayable(obj: Any) -> Any:
     return obj
 
 
+def _recorded_points(exp: Any, names: Sequence[str], fixed: dict[str, Any]) -> list[dict[str, Any]]:
+    """The recorded points a panel's controls can show: ``{name: value}`` over ``names``, for
+    the points whose other parameters are ``fixed`` (or their defaults)."""
+    base = exp.complete(dict(fixed))
+    recorded = store.load(exp.id, data_schema=exp.data_schema)
+    return [{n: p.params[n] for n in names} for p in recorded.points
+            if all(p.params.get(k) == v for k, v in base.items() if k not in names)]
+
+
+def nearest_recorded(points: Sequence[dict[str, Any]], chosen: dict[str, Any], keep: str,
+                     options: dict[str, Sequence[Any]] | None = None) -> dict[str, Any] | None:
+    """The recorded point a set of controls should show after the reader set ``keep``.
+
+    ``chosen`` itself when it was recorded; otherwise, among the points with ``keep`` at its
+    chosen value, the one that changes the fewest other controls, then moves them the
+    least along their ``options`` (the order the controls offer); None if ``keep``'s value
+    was never recorded. The static book's explorers do the same in JavaScript
+    (``book/_static/memlab-figures.js``).
+    """
+    if chosen in points:
+        return dict(chosen)
+
+    def cost(p: dict[str, Any]) -> tuple[int, float]:
+        others = [n for n in chosen if n != keep and p[n] != chosen[n]]
+        steps = 0.0
+        for n in others:
+            opts = list((options or {}).get(n) or [])
+            opts = [o[1] if isinstance(o, tuple) else o for o in opts]
+            steps += abs(opts.index(p[n]) - opts.index(chosen[n])) if p[n] in opts and chosen[n] in opts else 1
+        return len(others), steps
+
+    candidates = [p for p in points if p[keep] == chosen[keep]]
+    return dict(min(candidates, key=cost)) if candidates else None
+
+
 def panel(
     exp_id: str,
     render: Callable[[Result], Any],
@@ -93,7 +128,7 @@ def panel(
         exp_id: experiment id.
         render: turns a :class:`Result` into something displayable (a Figure, HTML...).
         params: names of the parameters to expose (default: all not in ``fixed``).
-        mode: 'auto', 'live' or 'recorded' (see :func:`experiments.registry.resolve_mode`).
+        mode: 'auto', 'live' or 'recorded' (see :func:`experiments.core.registry.resolve_mode`).
         **fixed: parameters held at a value, not shown.
 
     Returns:
@@ -145,8 +180,28 @@ def panel(
             show(HTML(f"<p style='color:#b5403a'>{html.escape(str(e))}</p>"))
 
     if resolved == "recorded":
+        points = _recorded_points(exp, names, fixed)
+        moving = [False]
+
+        def changed(change: Any) -> None:
+            if moving[0]:
+                return  # a control moved by nearest_recorded below: one refresh at the end
+            name = next(n for n, c in controls.items() if c is change["owner"])
+            chosen = {n: c.value for n, c in controls.items()}
+            target = nearest_recorded(points, chosen, name, {n: list(getattr(c, "options", [])) for n, c in
+                                                            controls.items()})
+            if target is not None and target != chosen:
+                moving[0] = True
+                try:
+                    for n, c in controls.items():
+                        if c.value != target[n]:
+                            c.value = target[n]
+                finally:
+                    moving[0] = False
+            refresh()
+
         for c in controls.values():
-            c.observe(refresh, names="value")
+            c.observe(changed, names="value")
         buttons: list[Any] = []
     else:
         button.on_click(lambda _b: refresh(cache=False))

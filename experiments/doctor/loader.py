@@ -41,6 +41,10 @@ class SnapshotError(InputError):
     """The input is not a memory snapshot the doctor can read (the message says why)."""
 
 
+class SnapshotNotFoundError(SnapshotError, FileNotFoundError):
+    """The snapshot's path names no file (also a FileNotFoundError, as Python's open raises)."""
+
+
 class ImpossibleTraceError(SnapshotError):
     """The trace describes something no allocator can do (a free of an address no segment
     holds, a zero-byte request): the message names the trace entry."""
@@ -86,7 +90,7 @@ def read_bytes(path: str | Path, limits: Limits = DEFAULT_LIMITS) -> bytes | byt
     """The file's bytes, gunzipped if it is gzip'd, within ``limits``.
 
     Raises:
-        InputError: missing or unreadable, larger than ``max_file_bytes``, or decompressing to
+        InputError: missing (SnapshotNotFoundError, also a FileNotFoundError) or unreadable, larger than ``max_file_bytes``, or decompressing to
             more than ``max_bytes`` (the decompression stops there: a zlib bomb costs nothing).
     """
     try:
@@ -99,7 +103,8 @@ def read_bytes(path: str | Path, limits: Limits = DEFAULT_LIMITS) -> bytes | byt
         if len(raw) > limits.max_file_bytes:
             raise SnapshotError(f"{path} is over {format_bytes(limits.max_file_bytes)}, the most the doctor reads")
     except OSError as e:
-        raise SnapshotError(f"cannot read {path}: {e.strerror or e}") from None
+        cls = SnapshotNotFoundError if isinstance(e, FileNotFoundError) else SnapshotError
+        raise cls(f"cannot read {path}: {e.strerror or e}") from None
     if raw[:2] == GZIP_MAGIC:
         raw = gunzip(raw, limits.max_bytes, str(path))
     return raw
@@ -155,7 +160,7 @@ def load(source: str | Path | bytes | Mapping[str, Any], limits: Limits = DEFAUL
          need_trace: bool = True) -> Any:
     """A snapshot dict from a path, bytes, or a dict (see the module docstring).
 
-    The traces of a pickle come back as :class:`experiments.doctor.unpickle.Rows` tables
+    The traces of a pickle come back as :class:`experiments.doctor.rows.Rows` tables
     (they read like lists of dicts); a dict given as such is returned with its traces as they
     are. A recorded run of ``alloc.doctor_snapshots`` is unwrapped to its snapshot, with the
     run's settings as ``recorded_settings``.
@@ -408,5 +413,5 @@ def trace_rows(snap: Mapping[str, Any], device: int, limits: Limits = DEFAULT_LI
     return rows_from_dicts(traces[device], limits)
 
 
-__all__ = ["DEFAULT_LIMITS", "ImpossibleTraceError", "InputError", "Limits", "SnapshotError", "gunzip", "load", "read_bytes", "rows_from_dicts",
+__all__ = ["DEFAULT_LIMITS", "ImpossibleTraceError", "InputError", "Limits", "SnapshotError", "SnapshotNotFoundError", "gunzip", "load", "read_bytes", "rows_from_dicts",
            "rows_from_trace_z", "trace_rows"]

@@ -217,7 +217,7 @@ def host_blocked_ms(result: Any, host: str, non_blocking: bool) -> float:
     """Median ms the host spent in one copy call of a ``pinned.async_copy`` result.
 
     Args:
-        result: a :class:`~experiments.registry.Result` of ``pinned.async_copy`` or its ``data``.
+        result: a :class:`~experiments.core.registry.Result` of ``pinned.async_copy`` or its ``data``.
         host: 'pageable' or 'pinned'.
         non_blocking: the variant's ``non_blocking`` flag.
 

@@ -280,16 +280,23 @@ def pinned_features(version: tuple[int, int] | None = None, torch_module: Any = 
     return feats
 
 
-def features_text(version: tuple[int, int] | None = None, torch_module: Any = torch, *, width: int = 88) -> str:
-    """:func:`pinned_features` as text, one feature per entry, wrapped at ``width`` characters
-    (a page shows it without scrolling sideways)."""
+def features_text(version: tuple[int, int] | None = None, torch_module: Any = torch, *,
+                  width: int | None = None) -> str:
+    """:func:`pinned_features` as text, one line per feature.
+
+    Args:
+        width: wrap each feature to this many characters, continuation lines indented (a
+            terminal). By default lines are not wrapped: a page or notebook wraps them to
+            its own width, and a second wrap at a fixed width leaves ragged lines there.
+    """
     import textwrap
 
     v = version or torch_version()
     lines = [f"torch {v[0]}.{v[1]}:"]
     for f in pinned_features(v, torch_module):
-        lines.append(textwrap.fill(f"[{'yes' if f.available else 'no '}] {f.name}: {f.note}", width=width,
-                                   initial_indent="  ", subsequent_indent="        "))
+        line = f"[{'yes' if f.available else 'no '}] {f.name}: {f.note}"
+        lines.append(textwrap.fill(line, width=width, initial_indent="  ", subsequent_indent="        ")
+                     if width else "  " + line)
     return "\n".join(lines)
 
 

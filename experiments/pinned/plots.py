@@ -1,4 +1,4 @@
-"""Figures of chapter 3 (pinned memory). Each takes a :class:`~experiments.registry.Result`
+"""Figures of chapter 3 (pinned memory). Each takes a :class:`~experiments.core.registry.Result`
 of the matching ``pinned.*`` experiment (or a list, where it says so), returns a closed
 Figure, and stamps where the numbers were measured. Units: ms, MiB, GB/s (1e9 B/s).
 
@@ -12,7 +12,8 @@ from typing import Sequence
 from matplotlib.figure import Figure
 
 from ..core.units import MiB, format_bytes
-from ..core.plotting import PALETTE, new_figure, stamp, stream_lanes
+from ..core.plotting import (MIN_FONT_PT, NARROW_WIDTH, PALETTE, figure_function, is_narrow, legend_below, new_figure,
+                             pick, stamp, stream_lanes)
 from ..core.registry import Result
 
 _DIRECTION = {"htod": "host to device (HtoD)", "dtoh": "device to host (DtoH)"}
@@ -32,6 +33,7 @@ def _request_label(nbytes: int) -> str:
     return f"{nbytes / MiB:.1f} MiB"
 
 
+@figure_function
 def plot_bandwidth(result: Result) -> Figure:
     """Achieved GB/s against copy size (log x), pageable and pinned, with the link's peak."""
     d = result.data
@@ -55,7 +57,10 @@ def plot_bandwidth(result: Result) -> Figure:
     ax.set_title(f"{_DIRECTION[d['direction']]}: {d['pinned_gbps'][-1]:.1f} GB/s pinned, "
                  f"{d['pageable_gbps'][-1]:.1f} GB/s pageable at {format_bytes(big)}")
     ax.set_ylim(bottom=0, top=max([*d["pinned_gbps"], (link or {}).get("peak_gbps") or 0]) * 1.15)
-    ax.legend(loc="center right")
+    if is_narrow():  # in the narrow axes the rising pinned curve runs under it
+        legend_below(ax, fontsize=8)
+    else:
+        ax.legend(loc="center right")
     return stamp(fig, result)
 
 
@@ -63,6 +68,7 @@ _VARIANT_LABELS = {("pageable", True): "pageable\nnon_blocking=True", ("pageable
                    ("pinned", True): "pinned\nnon_blocking=True", ("pinned", False): "pinned\nblocking"}
 
 
+@figure_function
 def plot_async_copy(result: Result) -> Figure:
     """Host-blocked ms of the copy call per variant (median, p10-p90), against the queued GPU work."""
     d = result.data
@@ -73,14 +79,20 @@ def plot_async_copy(result: Result) -> Figure:
     err = [[m - v["host_blocked_ms"]["p10"] for m, v in zip(meds, vs)],
            [v["host_blocked_ms"]["p90"] - m for m, v in zip(meds, vs)]]
     colors = [PALETTE[0] if v["host"] == "pinned" else PALETTE[1] for v in vs]
-    rects = ax.bar(labels, meds, yerr=err, capsize=3, color=colors)
-    for rect, m in zip(rects, meds):
-        ax.annotate(f"{m:.3g}", (rect.get_x() + rect.get_width() / 2, rect.get_height()), ha="left",
-                    va="bottom", fontsize=8, xytext=(4, 2), textcoords="offset points")
+    rects = ax.bar(range(len(labels)), meds, yerr=err, capsize=3, color=colors)
+    ax.set_xticks(range(len(labels)))
+    if is_narrow():  # four two-line names do not fit side by side: one line each, turned
+        ax.set_xticklabels([label.replace("\n", ", ") for label in labels], rotation=30, ha="right",
+                           rotation_mode="anchor")
+    else:
+        ax.set_xticklabels(labels)
+    for rect, m, v in zip(rects, meds, vs):  # above the bar and its p90 whisker, so neither hides it
+        ax.annotate(f"{m:.3g}", (rect.get_x() + rect.get_width() / 2, max(m, v["host_blocked_ms"]["p90"])),
+                    ha="center", va="bottom", fontsize=8, xytext=(0, 3), textcoords="offset points")
     queued = max(v["queued_gpu_ms"] for v in vs)
-    ax.axhline(queued, color="#b5403a", linestyle="--", linewidth=1)
-    ax.annotate(f"GPU work queued ahead: {queued:.1f} ms", (1.0, queued * 1.2), xycoords=("axes fraction", "data"),
-                ha="right", fontsize=8, color="#b5403a")
+    # named in a legend under the axes: a label by the line would cross the bars
+    ax.axhline(queued, color="#b5403a", linestyle="--", linewidth=1, label=f"GPU work queued ahead: {queued:.1f} ms")
+    legend_below(ax, fontsize=8, xticklines=2)
     ax.set_ylim(0, max(queued * 1.35, max(v["host_blocked_ms"]["p90"] for v in vs) * 1.15))
     ax.set_ylabel("host blocked in the copy call (ms)")
     p = result.params
@@ -89,11 +101,12 @@ def plot_async_copy(result: Result) -> Figure:
     return stamp(fig, result)
 
 
+@figure_function
 def plot_overwrite_race(result: Result) -> Figure:
     """Two panels per strategy: share of device elements that got the overwritten value (%),
     and how long the host was blocked by the copy call and its guard (ms)."""
     d = result.data
-    fig, (ax1, ax2) = new_figure(1, 2, width=9.0, height=3.6)
+    fig, (ax1, ax2) = new_figure(1, 2, width=9.0, height=3.6, narrow_height=6.2)
     rows = d["strategies"]
     labels = [r["label"].replace(", ", ",\n").replace(" .", "\n.").replace(" a fresh", "\na fresh") for r in rows]
     pct = [100.0 * max(r["wrong_elements"]) / d["n_elements"] for r in rows]
@@ -112,7 +125,8 @@ def plot_overwrite_race(result: Result) -> Figure:
         ax2.annotate(f"{v:.2f}", (rect.get_width(), rect.get_y() + rect.get_height() / 2), va="center",
                      fontsize=8, xytext=(3, 0), textcoords="offset points")
     ax2.set_xlabel("host blocked by copy + guard (ms)")
-    ax2.set_yticklabels([])
+    if not is_narrow():  # side by side, the left panel's labels name both
+        ax2.set_yticklabels([])
     ax2.invert_yaxis()
     ax2.grid(axis="y", visible=False)
     ax2.set_xlim(0, max(ms) * 1.25 + 0.1)
@@ -122,6 +136,7 @@ def plot_overwrite_race(result: Result) -> Figure:
     return stamp(fig, result)
 
 
+@figure_function
 def plot_del_is_safe(result: Result) -> Figure:
     """Timeline: the GPU's queued work and copy, and what the host did meanwhile (ms)."""
     d = result.data
@@ -147,16 +162,19 @@ def plot_del_is_safe(result: Result) -> Figure:
     box = {"boxstyle": "round,pad=0.2", "facecolor": "white", "edgecolor": "#b5403a", "linewidth": 0.6}
     for x in (h["realloc_ms"], h["realloc_after_ms"]):
         ax.axvline(x, color="#b5403a", linestyle=":", linewidth=1)
-    ax.annotate(f"del src + pinned alloc: {first}", (h["realloc_ms"], 0.5), xytext=(4, 0), textcoords="offset points",
-                ha="left", va="center", fontsize=7, color="#b5403a", bbox=box)
-    ax.annotate(f"after synchronize, alloc: {again}", (h["realloc_after_ms"], 0.5), xytext=(-4, 0),
-                textcoords="offset points", ha="right", va="center", fontsize=7, color="#b5403a", bbox=box)
+    # in the narrow figure the two notes overlap in time: one row each, between the lanes
+    y_first, y_again = pick((0.5, 0.5), (0.37, 0.63))
+    ax.annotate(f"del src + pinned alloc: {first}", (h["realloc_ms"], y_first), xytext=(4, 0), textcoords="offset points",
+                ha="left", va="center", fontsize=MIN_FONT_PT, color="#b5403a", bbox=box)
+    ax.annotate(f"after synchronize, alloc: {again}", (h["realloc_after_ms"], y_again), xytext=(-4, 0),
+                textcoords="offset points", ha="right", va="center", fontsize=MIN_FONT_PT, color="#b5403a", bbox=box)
     ax.annotate("HtoD copy", (g["copy_end_ms"], 0), xytext=(4, 10), textcoords="offset points", fontsize=8,
                 color=PALETTE[0])
-    fig.set_size_inches(7.5, 2.6)
+    fig.set_size_inches(*pick((7.5, 2.6), (NARROW_WIDTH, 3.4)))
     return stamp(fig, result)
 
 
+@figure_function
 def plot_pow2_rounding(result: Result) -> Figure:
     """Requested and owned bytes per request (log scale), with the waste ratio annotated."""
     d = result.data
@@ -173,14 +191,19 @@ def plot_pow2_rounding(result: Result) -> Figure:
                     xytext=(0, 2), textcoords="offset points")
     ax.set_yscale("log")
     ax.set_xticks(x)
-    ax.set_xticklabels([_request_label(r) for r in d["requests_bytes"]], fontsize=8)
+    ax.set_xticklabels([_request_label(r) for r in d["requests_bytes"]], fontsize=8, rotation=pick(0, 35),
+                       ha=pick("center", "right"))
     ax.set_xlabel("pin_memory=True request")
     ax.set_ylabel("size (MiB, log scale)")
-    ax.legend(loc="upper left")
+    if is_narrow():  # above the bars it would cover their ratios
+        legend_below(ax, fontsize=8)
+    else:
+        ax.legend(loc="upper left")
     ax.grid(axis="x", visible=False)
     return stamp(fig, result)
 
 
+@figure_function
 def plot_lifecycle(result: Result) -> Figure:
     """Owned MiB after each step of the script (measured, and the model's prediction)."""
     d = result.data
@@ -191,17 +214,21 @@ def plot_lifecycle(result: Result) -> Figure:
     ax.plot(x, [o / MiB for o in d["model_owned_bytes"]], "x--", drawstyle="steps-post", color=PALETTE[1],
             label="model: power-of-two blocks, cached until emptied")
     for i, (o, a, f) in enumerate(zip(d["owned_bytes"], d["num_host_alloc"], d["num_host_free"])):
-        ax.annotate(f"{a}/{f}", (i, o / MiB), xytext=(0, 6), textcoords="offset points", ha="center", fontsize=7,
+        ax.annotate(f"{a}/{f}", (i, o / MiB), xytext=(0, 6), textcoords="offset points", ha="center", fontsize=MIN_FONT_PT,
                     color="#555555")
     ax.set_xticks(x)
     ax.set_xticklabels(d["steps"], rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("pinned memory owned (MiB)")
     ax.set_title("labels: cudaHostAlloc / cudaFreeHost calls so far")
     ax.set_ylim(bottom=0, top=max(max(d["owned_bytes"]), max(d["model_owned_bytes"])) / MiB * 1.25 + 0.1)
-    ax.legend(loc="upper left", fontsize=8)
+    if is_narrow():  # above the steps there is no room for it in the narrow axes
+        legend_below(ax, fontsize=8, xticklines=4)
+    else:
+        ax.legend(loc="upper left", fontsize=8)
     return stamp(fig, result)
 
 
+@figure_function
 def plot_pin_cost(result: Result) -> Figure:
     """Host ms to get a pinned block (log-log): fresh cudaHostAlloc, from the cache, pin_memory()."""
     d = result.data
@@ -228,6 +255,7 @@ def plot_pin_cost(result: Result) -> Figure:
     return stamp(fig, result)
 
 
+@figure_function
 def plot_graph_replay(result: Result) -> Figure:
     """What the device received on each replay, against what the host's buffer held (values)."""
     d = result.data
@@ -260,10 +288,11 @@ def plot_graph_replay(result: Result) -> Figure:
     ax2.set_xlabel("value copied into the captured buffer")
     ax2.set_ylabel("value read back (pinned)")
     ax2.set_title("staging pattern: refill, replay, event", fontsize=9)
-    ax2.legend(loc="upper left", fontsize=7)
+    ax2.legend(loc="upper left", fontsize=MIN_FONT_PT)
     return stamp(fig, result)
 
 
+@figure_function
 def plot_double_buffer(result: Result) -> Figure:
     """ms per batch with and without waiting on the buffer's event, and the batches that arrived wrong."""
     d = result.data
@@ -277,9 +306,9 @@ def plot_double_buffer(result: Result) -> Figure:
         ax.annotate(f"{rect.get_height():.2f} ms\n{bad} batch{'es' if bad != 1 else ''} wrong",
                     (rect.get_x() + rect.get_width() / 2, rect.get_height()), ha="center", va="bottom",
                     fontsize=8, xytext=(0, 2), textcoords="offset points")
-    ax.axhline(d["mean_compute_ms"], color="#555555", linestyle=":", linewidth=1)
-    ax.annotate("mean GPU work per batch", (0.5, d["mean_compute_ms"]), xycoords=("axes fraction", "data"),
-                ha="center", va="top", fontsize=7, color="#555555", xytext=(0, -2), textcoords="offset points")
+    # named in a legend under the axes: a label on the line would sit on the bars
+    ax.axhline(d["mean_compute_ms"], color="#555555", linestyle=":", linewidth=1, label="mean GPU work per batch")
+    legend_below(ax, fontsize=8)
     ax.set_ylim(0, max(vals) * 1.4)
     ax.set_ylabel("time per batch (ms)")
     p = result.params
@@ -288,6 +317,7 @@ def plot_double_buffer(result: Result) -> Figure:
     return stamp(fig, result)
 
 
+@figure_function
 def plot_ring_sweep(results: Sequence[Result]) -> Figure:
     """Two panels against ring size, one series per compute pattern: ms per batch of the safe
     ring (waits on events), and batches that arrived wrong in the unsafe ring (no wait),
@@ -320,7 +350,7 @@ def plot_ring_sweep(results: Sequence[Result]) -> Figure:
     mean = results[0].data["mean_compute_ms"]
     ax1.axhline(mean, color="#555555", linestyle=":", linewidth=1)
     ax1.annotate("mean GPU work per batch", (0.02, mean), xycoords=("axes fraction", "data"), va="top",
-                 fontsize=7, color="#555555", xytext=(0, -2), textcoords="offset points")
+                 fontsize=MIN_FONT_PT, color="#555555", xytext=(0, -2), textcoords="offset points")
     ax1.set_xticks(sizes)
     ax1.set_xlabel("pinned buffers in the ring")
     ax1.set_ylabel("time per batch (ms)")
@@ -332,7 +362,7 @@ def plot_ring_sweep(results: Sequence[Result]) -> Figure:
     ax2.set_ylabel("batches with wrong data (count)")
     ax2.set_title("not waiting (unsafe)", fontsize=10)
     ax2.set_ylim(0, max(tallest, 1) * 1.45)  # room for the legend above the bars
-    ax2.legend(loc="upper right", fontsize=7)
+    ax2.legend(loc="upper right", fontsize=MIN_FONT_PT)
     ax2.grid(axis="x", visible=False)
     return stamp(fig, list(results))
 
@@ -426,4 +456,9 @@ def ring_summary(results: Sequence[Result]) -> str:
         lines.append(f"{'  unsafe: wrong, GPU starts behind':<36}"
                      + "".join(f"{r.data['no_wait']['stall_wrong_batches']:>6}/{2 * r.params['buffers'] + 2:<2}"
                                for r in rs))
+        if len(rs) > 1:
+            first, last = rs[0], rs[-1]
+            ratio = first.data["with_events"]["ms_per_batch"] / last.data["with_events"]["ms_per_batch"] - 1
+            lines.append(f"  safe, {first.params['buffers']} buffer{'s' * (first.params['buffers'] != 1)} against "
+                         f"{last.params['buffers']}: {ratio:+.0%} time per batch")
     return "\n".join(lines)

@@ -1,5 +1,5 @@
 """Exercise checks for chapter 2 (cross-stream memory). Each returns a
-:class:`~experiments.checks.Feedback`; ``None`` as the answer means "not answered yet".
+:class:`~experiments.core.checks.Feedback`; ``None`` as the answer means "not answered yet".
 
 Checks that compare with a measurement use the ``streams.*`` result passed in, or run
 (on a GPU) or read (recorded, without one) the experiment's default point.
@@ -11,7 +11,7 @@ import statistics
 from typing import Any, Callable, Mapping, Sequence
 
 from ..core import registry
-from ..core.checks import Feedback, check_choice, check_number, exercise, unanswered
+from ..core.checks import Feedback, ReportError, check_choice, check_number, exercise, unanswered
 from ..core.device import check_fits, has_cuda
 from ..core.registry import Result
 from ..core.units import MiB
@@ -64,7 +64,8 @@ def check_block_predictions(answer: Mapping[str, int] | None, result: Result | N
         result: a ``streams.strategies`` result; default: run (or read) the default point.
 
     Exact answers are required, except for ``record_stream``, which may be off by one
-    (it depends on timing).
+    (it depends on timing). A wrong answer is told how many of the four are right, not
+    which: naming them would let a student change only those.
     """
     if answer is None:
         return unanswered("my_blocks (the dict in the cell, with your four numbers filled in)")
@@ -82,13 +83,14 @@ def check_block_predictions(answer: Mapping[str, int] | None, result: Result | N
     measured = {s: d["results"][s]["distinct_blocks"] for s in STRATEGIES}
     wrong = [s for s in STRATEGIES
              if abs(answer[s] - measured[s]) > (1 if s == "record_stream" else 0)]
-    details = {"answer": dict(answer), "measured": measured}
+    details: dict[str, Any] = {"answer": dict(answer)}
     table = ", ".join(f"{s} {measured[s]}" for s in STRATEGIES)
     if not wrong:
         return Feedback(True, f"All four right (measured: {table}). {_BLOCK_WHY['record_stream']}", details)
-    details["wrong_parts"] = wrong
-    why = " ".join(f"{answer[s]} is not it for {s}. {_BLOCK_HINT[s]}" for s in wrong)
-    return Feedback(False, f"{len(STRATEGIES) - len(wrong)} of {len(STRATEGIES)} right. {why}", details)
+    details["wrong_parts"] = ["my_blocks"]
+    why = " ".join(_BLOCK_HINT[s] for s in STRATEGIES)
+    return Feedback(False, f"{len(STRATEGIES) - len(wrong)} of {len(STRATEGIES)} right. Go through the four "
+                           f"mechanisms again. {why}", details)
 
 
 @exercise("ex-streams-peak", chapter=2, points=1, section="`record_stream` ties memory to CPU run-ahead",
@@ -181,20 +183,117 @@ def check_cap_stall(answer: str | None) -> Feedback:
     })
 
 
+def run_event_handoff(handoff: Callable, *, layers: int = 8, buffer_mib: int = 64, trials: int = 3,
+                      producer_ms: float = 1.5, consumer_ms: float = 2.0) -> dict[str, Any]:
+    """Harness of exercise ``ex-streams-handoff``: run the reader's loop ``trials`` times on
+    this GPU, and the reference loop twice, and return what happened as plain data.
+
+    Returns:
+        ``{"gpu": False}`` without a GPU; else ``{"gpu": True, "layers", "trials",
+        "error", "error_kind", "missing_layers", "corrupted_trials", "first_corrupted",
+        "distinct_blocks", "peak_active_mib", "span_ms", "reference_span_ms", "buffer_mib"}``.
+
+    Raises:
+        ValueError: layers, buffer_mib or trials out of range, or the buffers do not fit.
+    """
+    if not 2 <= layers <= 32:
+        raise ValueError(f"layers must be an integer in [2, 32], got {layers}")
+    if not 1 <= buffer_mib <= 512:
+        raise ValueError(f"buffer_mib must be in [1, 512] MiB, got {buffer_mib}")
+    if not 1 <= trials <= 20:
+        raise ValueError(f"trials must be in [1, 20], got {trials}")
+    if not has_cuda():
+        return {"gpu": False}
+    check_fits("buffer_mib", 3 * buffer_numel(buffer_mib) * 4)
+    warm_up()
+    kw = dict(layers=layers, buffer_mib=buffer_mib, producer_ms=producer_ms, consumer_ms=consumer_ms)
+    ref_span = statistics.median(run_handoff(reference_handoff, **kw)["span_ms"] for _ in range(2))
+    report: dict[str, Any] = {"gpu": True, "layers": layers, "trials": trials, "error": None, "error_kind": None,
+                              "reference_span_ms": float(ref_span)}
+    runs = []
+    for _ in range(trials):
+        r = run_handoff(handoff, **kw)
+        if r["error"]:
+            report.update(error=str(r["error"])[:300], error_kind=r["error_kind"])
+            return report
+        runs.append(r)
+    bad = [r for r in runs if r["corrupted_layers"]]
+    first = None
+    if bad:
+        k = bad[0]["first_corrupted_layer"]
+        first = {"layer": int(k), "read": float(bad[0]["read_mean"][k - 1])}
+    report.update(_handoff_details(runs, ref_span, buffer_mib),
+                  missing_layers=sorted(set(range(layers)) - set(runs[0]["consumed"])), first_corrupted=first)
+    return report
+
+
+def judge_event_handoff(report: Any) -> Feedback:
+    """Verdict on :func:`run_event_handoff`'s report: every layer consumed, no trial read
+    wrong values, at most 2 distinct blocks and 2 buffers (+1 MiB) active, and a GPU span
+    within 1.3× the reference loop's (which rules out a stall).
+
+    Raises:
+        ReportError: a report no harness returns.
+    """
+    if not isinstance(report, Mapping) or not isinstance(report.get("gpu"), bool):
+        raise ReportError("not a handoff report")
+    if not report["gpu"]:
+        return Feedback(None, "This check runs your code on a GPU and none is visible here, so it cannot judge it. "
+                              "Open the page in Colab with a GPU runtime (or any CUDA machine) and run the cell "
+                              "again. Until then, compare your loop with the recipe of 'Writing the event "
+                              "handoff' above: keep each buffer one layer longer, and enqueue "
+                              "producer.wait_event(done) for it before you drop it.")
+    try:
+        error, kind, trials = report["error"], report["error_kind"], int(report["trials"])
+        if error:
+            if kind == "record_stream":
+                return Feedback(False, "Your loop called record_stream, which this exercise rules out. Keep the "
+                                       "buffer referenced instead, and make the producer stream wait on the "
+                                       "consumer's event before you drop it.", {"error": str(error)})
+            return Feedback(False, f"Your loop raised {error}", {"error": str(error)})
+        details = {k: report[k] for k in ("trials", "corrupted_trials", "distinct_blocks", "peak_active_mib",
+                                          "span_ms", "reference_span_ms", "buffer_mib")}
+        missing, first = list(report["missing_layers"]), report["first_corrupted"]
+        blocks, peak, span = int(details["distinct_blocks"]), float(details["peak_active_mib"]), float(details["span_ms"])
+        ref_span, buf = float(details["reference_span_ms"]), float(details["buffer_mib"])
+        corrupted = int(details["corrupted_trials"])
+        if first is not None:
+            k, read = int(first["layer"]), float(first["read"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise ReportError(f"a handoff report without a usable {e}") from None
+    if missing:
+        return Feedback(False, f"forward() was never called for layer(s) {missing}: call buf = all_gather(layer) "
+                               f"and forward(buf, layer) once for every layer.", details)
+    if corrupted:
+        return Feedback(False, f"{corrupted} of {trials} trials read wrong values (layer {k} read "
+                               f"{read:.3g} instead of {k}): a block went to a later all_gather "
+                               f"while a consumer still read it. Before the last reference to a buffer goes, "
+                               f"enqueue producer.wait_event(done) for it.", details)
+    if blocks > 2 or peak > 2 * buf + 1:
+        return Feedback(False, f"Correct values, but {blocks} distinct blocks and a peak of "
+                               f"{peak:.0f} MiB active: hold at most one consumed buffer "
+                               f"(plus the one being filled) and release the older one each layer.", details)
+    if span > 1.3 * ref_span:
+        return Feedback(False, f"Correct and within two buffers, but the GPU needed {span:.1f} ms "
+                               f"against {ref_span:.1f} ms for the reference loop: the producer waits for the "
+                               f"consumer of the buffer it just filled, which serializes the streams. Keep the "
+                               f"buffer one layer longer and wait on the older event.", details)
+    return Feedback(True, f"Correct in {trials} of {trials} trials, {blocks} blocks, peak "
+                          f"{peak:.0f} MiB active, {span:.1f} ms of GPU time "
+                          f"(reference {ref_span:.1f} ms).", details)
+
+
 @exercise("ex-streams-handoff", chapter=2, points=3, section="Writing the event handoff", needs_gpu=True,
           objective="Write the event handoff: release a cross-stream buffer safely without record_stream and "
-                    "without a stall.")
+                    "without a stall.", harness=run_event_handoff, judge=judge_event_handoff)
 def check_event_handoff(handoff: Callable | None, *, layers: int = 8, buffer_mib: int = 64, trials: int = 3,
                         producer_ms: float = 1.5, consumer_ms: float = 2.0) -> Feedback:
-    """Exercise: run the reader's handoff loop on this GPU and judge it.
+    """Exercise: run the reader's handoff loop on this GPU and judge it
+    (:func:`run_event_handoff`, then :func:`judge_event_handoff`).
 
     ``handoff(all_gather, forward, layers, producer, consumer)`` must call
     ``buf = all_gather(layer)`` and ``done = forward(buf, layer)`` for every layer and
     release each buffer safely, without ``record_stream`` (calling it raises here).
-
-    Passes when all ``trials`` are correct, at most 2 distinct blocks are used and the
-    active peak is at most 2 buffers (+1 MiB), and the GPU span is within 1.3× that of
-    :func:`reference_handoff` measured in the same session (which rules out a stall).
 
     Without a GPU the check says so (``Feedback.correct`` is None).
 
@@ -205,57 +304,8 @@ def check_event_handoff(handoff: Callable | None, *, layers: int = 8, buffer_mib
         return unanswered("my_handoff (the function's name, without calling it)")
     if not callable(handoff):
         return Feedback(False, f"Pass the function itself, not {type(handoff).__name__}: check_event_handoff(my_handoff).")
-    if not 2 <= layers <= 32:
-        raise ValueError(f"layers must be an integer in [2, 32], got {layers}")
-    if not 1 <= buffer_mib <= 512:
-        raise ValueError(f"buffer_mib must be in [1, 512] MiB, got {buffer_mib}")
-    if not 1 <= trials <= 20:
-        raise ValueError(f"trials must be in [1, 20], got {trials}")
-    if not has_cuda():
-        return Feedback(None, "This check runs your code on a GPU and none is visible here, so it cannot judge it. "
-                              "Open the page in Colab with a GPU runtime (or any CUDA machine) and run the cell "
-                              "again. Until then, compare your loop with the recipe of 'Writing the event "
-                              "handoff' above: keep each buffer one layer longer, and enqueue "
-                              "producer.wait_event(done) for it before you drop it.")
-    check_fits("buffer_mib", 3 * buffer_numel(buffer_mib) * 4)
-    warm_up()
-    kw = dict(layers=layers, buffer_mib=buffer_mib, producer_ms=producer_ms, consumer_ms=consumer_ms)
-    ref_span = statistics.median(run_handoff(reference_handoff, **kw)["span_ms"] for _ in range(2))
-    runs = []
-    for _ in range(trials):
-        r = run_handoff(handoff, **kw)
-        if r["error"]:
-            if r["error_kind"] == "record_stream":
-                return Feedback(False, "Your loop called record_stream, which this exercise rules out. Keep the "
-                                       "buffer referenced instead, and make the producer stream wait on the "
-                                       "consumer's event before you drop it.", {"error": r["error"]})
-            return Feedback(False, f"Your loop raised {r['error']}", {"error": r["error"]})
-        runs.append(r)
-    details = _handoff_details(runs, ref_span, buffer_mib)
-    missing = sorted(set(range(layers)) - set(runs[0]["consumed"]))
-    if missing:
-        return Feedback(False, f"forward() was never called for layer(s) {missing}: call buf = all_gather(layer) "
-                               f"and forward(buf, layer) once for every layer.", details)
-    bad = [r for r in runs if r["corrupted_layers"]]
-    if bad:
-        r = bad[0]
-        k = r["first_corrupted_layer"]
-        return Feedback(False, f"{len(bad)} of {trials} trials read wrong values (layer {k} read "
-                               f"{r['read_mean'][k - 1]:.3g} instead of {k}): a block went to a later all_gather "
-                               f"while a consumer still read it. Before the last reference to a buffer goes, "
-                               f"enqueue producer.wait_event(done) for it.", details)
-    if details["distinct_blocks"] > 2 or details["peak_active_mib"] > 2 * details["buffer_mib"] + 1:
-        return Feedback(False, f"Correct values, but {details['distinct_blocks']} distinct blocks and a peak of "
-                               f"{details['peak_active_mib']:.0f} MiB active: hold at most one consumed buffer "
-                               f"(plus the one being filled) and release the older one each layer.", details)
-    if details["span_ms"] > 1.3 * ref_span:
-        return Feedback(False, f"Correct and within two buffers, but the GPU needed {details['span_ms']:.1f} ms "
-                               f"against {ref_span:.1f} ms for the reference loop: the producer waits for the "
-                               f"consumer of the buffer it just filled, which serializes the streams. Keep the "
-                               f"buffer one layer longer and wait on the older event.", details)
-    return Feedback(True, f"Correct in {trials} of {trials} trials, {details['distinct_blocks']} blocks, peak "
-                          f"{details['peak_active_mib']:.0f} MiB active, {details['span_ms']:.1f} ms of GPU time "
-                          f"(reference {ref_span:.1f} ms).", details)
+    return judge_event_handoff(run_event_handoff(handoff, layers=layers, buffer_mib=buffer_mib, trials=trials,
+                                                 producer_ms=producer_ms, consumer_ms=consumer_ms))
 
 
 def _handoff_details(runs: Sequence[Mapping[str, Any]], ref_span: float, buffer_mib: float) -> dict[str, Any]:
@@ -264,8 +314,7 @@ def _handoff_details(runs: Sequence[Mapping[str, Any]], ref_span: float, buffer_
         "corrupted_trials": sum(1 for r in runs if r["corrupted_layers"]),
         "distinct_blocks": max(len(set(r["ptrs"])) for r in runs),
         "peak_active_mib": max(r["memory"].active_peak for r in runs) / MiB,
-        "span_ms": statistics.median(r["span_ms"] for r in runs),
-        "reference_span_ms": ref_span,
+        "span_ms": float(statistics.median(r["span_ms"] for r in runs)),
+        "reference_span_ms": float(ref_span),
         "buffer_mib": buffer_numel(buffer_mib) * 4 / MiB,
     }
-

@@ -1,4 +1,4 @@
-"""Figures for chapter 2 (cross-stream memory). Each takes a :class:`~experiments.registry.Result`
+"""Figures for chapter 2 (cross-stream memory). Each takes a :class:`~experiments.core.registry.Result`
 of one ``streams.*`` experiment and returns a Figure with the provenance footer.
 Memory in MiB above the start of a run; times in ms.
 """
@@ -11,7 +11,8 @@ from matplotlib.ticker import MaxNLocator
 
 import matplotlib.pyplot as plt
 
-from ..core.plotting import PALETTE, STYLE, bars, new_figure, stamp, stream_lanes
+from ..core.plotting import (MIN_FONT_PT, PALETTE, bars, figure_function, is_narrow, legend_below, new_figure, pick,
+                             stamp, stream_lanes, style)
 from ..core.tables import Table
 from ..core.units import mib
 from ..core.registry import Result
@@ -34,18 +35,31 @@ def _grouped(ax: Any, groups: Sequence[str], series: Sequence[tuple[str, Sequenc
              *, ylabel: str, fmt: str = "{:.0f}") -> None:
     """Bars for several series per group, values annotated above each bar."""
     width = 0.8 / len(series)
+    texts: list[list[tuple[str, float, float]]] = [[] for _ in groups]  # per group: (text, x, height)
     for j, (label, values, color) in enumerate(series):
         xs = [i + (j - (len(series) - 1) / 2) * width for i in range(len(groups))]
-        rects = ax.bar(xs, values, width, label=label, color=color)
-        for rect, v in zip(rects, values):
-            ax.annotate(fmt.format(v), (rect.get_x() + rect.get_width() / 2, rect.get_height()), ha="center",
-                        va="bottom", fontsize=7, xytext=(0, 1), textcoords="offset points")
+        ax.bar(xs, values, width, label=label, color=color)
+        for i, (x, v) in enumerate(zip(xs, values)):
+            texts[i].append((fmt.format(v), x, v))
+    # Equal neighbouring values get one label over their bars: three narrow bars' labels
+    # side by side would run together ('128128128').
+    for group in texts:
+        k = 0
+        while k < len(group):
+            end = k
+            while end + 1 < len(group) and group[end + 1][0] == group[k][0]:
+                end += 1
+            x = (group[k][1] + group[end][1]) / 2
+            ax.annotate(group[k][0], (x, max(h for _, _, h in group[k:end + 1])), ha="center", va="bottom",
+                        fontsize=MIN_FONT_PT, xytext=(0, 1), textcoords="offset points")
+            k = end + 1
     ax.set_xticks(range(len(groups)))
     ax.set_xticklabels(groups)
     ax.set_ylabel(ylabel)
     ax.grid(axis="x", visible=False)
 
 
+@figure_function
 def plot_strategies(result: Result) -> Any:
     """Three panels per strategy: corrupted trials, peak allocated/active/reserved (MiB),
     and GPU span with the time producer and consumer ran concurrently (ms)."""
@@ -55,18 +69,24 @@ def plot_strategies(result: Result) -> Any:
     labels = [STRATEGY_LABELS[s] for s in names]
     # Two panels side by side and the memory panel, with its three bars per strategy, below
     # them at full width: in one row of three the labels collide at the book's column width.
-    fig, grid = new_figure(2, 2, width=8.8, height=6.6)
-    spec = grid[1][0].get_subplotspec().get_gridspec()
-    for ax in grid[1]:
-        ax.remove()
-    with plt.rc_context(STYLE):
-        memory = fig.add_subplot(spec[1, :])
-    axes = [grid[0][0], memory, grid[0][1]]
+    if is_narrow():  # one column: the three panels stacked
+        fig, column = new_figure(3, 1, height=9.0)
+        axes = list(column)
+    else:
+        fig, grid = new_figure(2, 2, width=8.8, height=6.6)
+        spec = grid[1][0].get_subplotspec().get_gridspec()
+        for ax in grid[1]:
+            ax.remove()
+        with plt.rc_context(style()):
+            memory = fig.add_subplot(spec[1, :])
+        axes = [grid[0][0], memory, grid[0][1]]
     n = res[names[0]]["trials"]
     corrupted = [res[s]["corrupted_trials"] for s in names]
     bars(labels, corrupted, ylabel=f"corrupted trials (of {n})", colors=[BAD if c else GOOD for c in corrupted],
          ax=axes[0], title="Did the consumer read its own layer?")
     axes[0].set_ylim(0, n * 1.15 + 0.5)
+    for ax in axes:  # four strategies side by side in half the width: their names at 8 pt
+        ax.tick_params(axis="x", labelsize=8)
     _grouped(axes[1], labels, [(label, [mib(res[s][key]) for s in names], color)
                                for (key, label), color in zip(COUNTER_KEYS, COUNTER_COLORS)],
              ylabel="peak above start (MiB)")
@@ -81,18 +101,19 @@ def plot_strategies(result: Result) -> Any:
     for rects, key in ((spans, "span_ms"), (overlaps, "overlap_ms")):
         for rect, s in zip(rects, names):
             axes[2].annotate(f"{res[s][key]:.1f}", (rect.get_x() + rect.get_width() / 2, rect.get_height()),
-                             ha="center", va="bottom", fontsize=7, xytext=(0, 1), textcoords="offset points")
+                             ha="center", va="bottom", fontsize=MIN_FONT_PT, xytext=(0, 1), textcoords="offset points")
     axes[2].axhline(d["serial_ms"], color=GRAY, linestyle="--", linewidth=1, label="no overlap at all")
     axes[2].set_xticks(list(x))
     axes[2].set_xticklabels(labels)
     axes[2].set_ylabel("GPU time (ms)")
     axes[2].set_title("Time (median of the trials)")
     axes[2].set_ylim(0, 1.55 * max([d["serial_ms"]] + [res[s]["span_ms"] for s in names]))
-    axes[2].legend(loc="upper left", fontsize=7)
+    axes[2].legend(loc="upper left", fontsize=MIN_FONT_PT)
     axes[2].grid(axis="x", visible=False)
     return stamp(fig, result)
 
 
+@figure_function
 def plot_pipeline(result: Result) -> Any:
     """Left: the value each layer's consumer read against its own layer number (the
     correctness check). Right: peak allocated, active and reserved bytes (MiB) of the run."""
@@ -107,17 +128,16 @@ def plot_pipeline(result: Result) -> Any:
     a0.set_xlabel("layer")
     a0.set_ylabel("value read (layer number)")
     a0.set_title(f"{d['corrupted_layers']} of {layers} layers read the wrong buffer")
-    a0.legend(loc="upper left", fontsize=8)
+    legend_below(a0, fontsize=8, ncol=1)  # inside, the values read (anywhere up to the top) would cross it
     values = [mib(d[key]) for key, _ in COUNTER_KEYS]
     bars([label for _, label in COUNTER_KEYS], values, ylabel="peak above start (MiB)", colors=list(COUNTER_COLORS),
          ax=a1, title=f"{_blocks(d['distinct_blocks'])} used")
-    a1.axhline(layers * buf, color=GRAY, linestyle="--", linewidth=1)
-    a1.annotate(f"every layer's buffer ({layers} × {buf:g} MiB)", (0.02, layers * buf),
-                xycoords=("axes fraction", "data"), va="bottom", fontsize=7, color=GRAY)
-    a1.axhline(buf, color=GRAY, linestyle=":", linewidth=1)
-    # outside the axes, on the right: inside, any bar may cover it
-    a1.annotate("one\nbuffer", (1.0, buf), xycoords=("axes fraction", "data"), xytext=(3, 0),
-                textcoords="offset points", ha="left", va="center", fontsize=7, color=GRAY, annotation_clip=False)
+    # The two reference lines are named in a legend under the panel: a label on the line
+    # itself would print across the bars' values when a bar reaches it.
+    a1.axhline(layers * buf, color=GRAY, linestyle="--", linewidth=1,
+               label=f"every layer's buffer ({layers} × {buf:g} MiB)")
+    a1.axhline(buf, color=GRAY, linestyle=":", linewidth=1, label=f"one buffer ({buf:g} MiB)")
+    legend_below(a1, fontsize=8, ncol=1)
     a1.set_ylim(0, max(max(values), layers * buf) * 1.12)
     kept = f", {d['in_flight']} in flight" if d["strategy"] == "event" else ""
     fig.suptitle(f"{d['strategy']}{kept}: {p.get('consumer_ms', 0):g} ms GPU work and {p.get('host_delay_ms', 0):g} "
@@ -125,6 +145,7 @@ def plot_pipeline(result: Result) -> Any:
     return stamp(fig, result)
 
 
+@figure_function
 def plot_runahead(result: Result) -> Any:
     """Peak memory (MiB) against GPU work per layer (left) and host delay per layer
     (right): record_stream's active and allocated peaks, the event handoff's active peak."""
@@ -150,17 +171,22 @@ def plot_runahead(result: Result) -> Any:
         ax.axhline(d["layers"] * buf, color=GRAY, linestyle=":", linewidth=1)
         # centred: the curves meet this line at the panels' outer ends
         ax.annotate(f"every layer's buffer ({d['layers']} × {buf:g} MiB)", (0.5, d["layers"] * buf),
-                    xycoords=("axes fraction", "data"), ha="center", va="bottom", fontsize=7, color=GRAY)
+                    xycoords=("axes fraction", "data"), ha="center", va="bottom", fontsize=MIN_FONT_PT, color=GRAY)
         ax.set_xticks(xs)
         ax.set_xticklabels([f"{pts[k][key]:g}" for k in idx])
         ax.set_xlabel(xlabel)
     axes[0].set_ylabel("peak above start (MiB)")
     axes[0].set_title("More GPU work per layer: the host runs further ahead")
     axes[1].set_title("More host work per layer: the GPU keeps up")
-    axes[0].legend(loc="center right", fontsize=8)
+    if is_narrow():  # under the lower panel: in the narrow panels it would sit on the curves
+        handles, labels = axes[0].get_legend_handles_labels()
+        legend_below(axes[1], handles=handles, labels=labels, fontsize=8)
+    else:
+        axes[0].legend(loc="center right", fontsize=8)
     return stamp(fig, result)
 
 
+@figure_function
 def plot_counters(result: Result, *, point: int | None = None) -> Any:
     """Allocated, active and reserved peaks (MiB) of both strategies at one point of the
     run-ahead sweep (default: the largest run-ahead): what each counter sees."""
@@ -181,6 +207,7 @@ def plot_counters(result: Result, *, point: int | None = None) -> Any:
     return stamp(fig, result)
 
 
+@figure_function
 def plot_memory_cap(result: Result) -> Any:
     """Host time of each buffer allocation (ms, log scale) under the cap, and the
     allocator's retries, for record_stream and the event handoff."""
@@ -197,6 +224,8 @@ def plot_memory_cap(result: Result) -> Any:
         a0.plot(range(1, len(ys) + 1), ys, ".-", color=color, linewidth=0.8,
                 label=f"{label}: worst {s['worst_alloc_ms']:.1f} ms")
     a0.set_yscale("log")
+    worst = max([v for key, _, _ in names if not st[key]["oom"] for v in st[key]["alloc_host_ms"]] + [1e-3])
+    a0.set_ylim(top=worst * 60)  # about 1.8 decades above the slowest allocation: room for the legend
     a0.set_xlabel("layer")
     a0.set_ylabel("host time of torch.empty (ms)")
     a0.set_title(f"Allocation stalls under a {d['cap_mib']} MiB cap")
@@ -209,6 +238,7 @@ def plot_memory_cap(result: Result) -> Any:
     return stamp(fig, result)
 
 
+@figure_function
 def plot_timeline(result: Result) -> Any:
     """Host, producer and consumer lanes (ms after a reference event). Each layer's boxes
     are colored by the memory block its buffer got, so equal colors overlapping in time
@@ -216,15 +246,15 @@ def plot_timeline(result: Result) -> Any:
     d = result.data
     span = max([d["span_ms"]] + [e for _, e in d["consumer"]])
     min_w = span / 400  # keep microsecond-long host steps visible
-    def box(s: float, e: float, color: str, label: str) -> dict[str, Any]:
+    def box(s: float, e: float, color: str, label: str, short: str = "") -> dict[str, Any]:
         return {"start_ms": s, "end_ms": max(e, s + min_w), "color": color,
-                "label": label if e - s > 0.07 * span else ""}
+                "label": label if e - s > 0.07 * span else "", "short_label": short}
     colors = [BLOCK_COLORS[b % len(BLOCK_COLORS)] for b in d["block"]]
     consumer = []
     for i, ((s, e), c) in enumerate(zip(d["consumer"], colors)):
         read = d["read_mean"][i]
         text = f"L{i + 1}" if read == i + 1 else f"L{i + 1} read {read:.3g}"
-        consumer.append(box(s, e, c, text))
+        consumer.append(box(s, e, c, text, f"L{i + 1}" if read == i + 1 else f"L{i + 1}→{read:.3g}"))
     lanes = {
         "host": [box(s, e, GRAY, f"L{i + 1}") for i, (s, e) in enumerate(d["host"])],
         "producer stream": [box(s, e, c, f"AG {i + 1}") for i, ((s, e), c) in enumerate(zip(d["producer"], colors))],
@@ -239,7 +269,8 @@ def plot_timeline(result: Result) -> Any:
     handles = [Patch(color=BLOCK_COLORS[b % len(BLOCK_COLORS)], label=f"block {chr(65 + b % 26)}")
                for b in sorted(set(d["block"]))]
     handles.append(ax.plot([], [], "v", color=BAD, label="host drops its reference")[0])
-    ax.legend(handles=handles, loc="lower right", fontsize=7, ncol=min(len(handles), 5), bbox_to_anchor=(1.0, 1.0))
+    ax.legend(handles=handles, loc="lower right", fontsize=MIN_FONT_PT, ncol=min(len(handles), pick(5, 3)),
+              bbox_to_anchor=(1.0, 1.0))
     return stamp(fig, result)
 
 

@@ -165,7 +165,7 @@ def run_pipeline(
 
     Returns:
         dict with ``ptrs`` (data_ptr per layer), ``alloc_host_ms`` (host time of each
-        ``torch.empty``), ``memory`` (:class:`~experiments.measure.MemoryStats` relative to
+        ``torch.empty``), ``memory`` (:class:`~experiments.core.measure.MemoryStats` relative to
         the start, read after the pipeline and before the check), ``span_ms`` (GPU time
         from the first producer step to the last read, CUDA events), ``host_loop_ms``
         (host time to enqueue all layers), ``wall_ms`` (host time until the GPU finished),

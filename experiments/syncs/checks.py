@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from ..core.checks import Feedback, check_choice, combine, exercise, unanswered
+from ..core.checks import Feedback, ReportError, check_choice, combine, exercise, unanswered
 from ..core.device import NoGPUError, has_cuda
 from ..core.registry import Result, run
 from ..core.store import NotRecordedError, RecordedFileError
@@ -56,7 +56,7 @@ def _end_time_feedback(answer: Any, *, measured: float, model: float, tol: float
     if isinstance(answer, bool) or not isinstance(answer, (int, float)) or not math.isfinite(answer):
         return Feedback(False, f"{name[0].upper()}{name[1:]} should be a number of ms, got {answer!r}.",
                         {"wrong_parts": [name]})
-    details = {"answer": answer, "expected": measured, "model": model, "tolerance_ms": tol}
+    details: dict[str, Any] = {"answer": answer}
     if abs(answer - model) <= tol or abs(answer - measured) <= tol:
         return Feedback(True, f"Right: {name} was {measured:.1f} ms (the model says {_ms(model)} ms). "
                               f"{explanation}", details)
@@ -183,15 +183,15 @@ def check_classification(answers: Mapping[str, bool | None] | None, *, result: R
         return r
     rows = {row["id"]: row for row in r.data["rows"]}
     wrong = [rows[op_id]["code"] for op_id in QUIZ_OPS if given[op_id] != rows[op_id]["syncs"]]
-    details = {"wrong": len(wrong), "total": len(QUIZ_OPS)}
+    details: dict[str, Any] = {"wrong": len(wrong), "total": len(QUIZ_OPS)}
     if not wrong:
         return Feedback(True, f"All {len(QUIZ_OPS)} right. The rule behind them: a sync happens when the host "
                               "needs a value, a size or a copy that only the GPU's queue can produce.", details)
-    details["wrong_parts"] = wrong
-    # Which ones, not which way: the verdict is the answer.
-    return Feedback(False, f"{len(QUIZ_OPS) - len(wrong)} of {len(QUIZ_OPS)} right. Look again at: "
-                           f"{'; '.join(wrong)}. For each, ask whether the host needs a value, a size or a copy "
-                           "that only the GPU's queue can produce.", details)
+    # How many, never which: with the wrong ones named, flipping them is the answer.
+    details["wrong_parts"] = ["answers"]
+    return Feedback(False, f"{len(QUIZ_OPS) - len(wrong)} of {len(QUIZ_OPS)} right. For each operation, ask "
+                           "whether the host needs a value, a size or a copy that only the GPU's queue can "
+                           "produce.", details)
 
 
 # ----------------------------------------------------------------- pageable threshold
@@ -234,7 +234,7 @@ def check_threshold(answer_mib: float | str | None, *, result: Result | None = N
     a = float(answer_mib)
     lo = (s or 0) / 2**20
     hi = t / 2**20
-    details = {"answer": a, "lower_MiB": lo, "upper_MiB": hi}
+    details: dict[str, Any] = {"answer": a}
     if lo - 1e-9 <= a <= hi + 1e-9:
         return Feedback(True, f"Right: the copy returned at once up to {lo:g} MiB and waited "
                               f"{nb[t]:.1f} ms at {hi:g} MiB; the driver's limit lies in between.", details)
@@ -334,39 +334,23 @@ def _compare(out: Any, ref: tuple[torch.Tensor, torch.Tensor]) -> str:
     return ""
 
 
-@exercise("ex-syncs-rewrite", chapter=4, points=3, section="Case study: the metrics helper", needs_gpu=True,
-          objective="Rewrite a function so that it keeps no host-device sync, and show it with the detector.")
-def check_sync_free_rewrite(fn: Callable[[torch.Tensor], Any] | None, *, queued_ms: float = 20.0) -> Feedback:
-    """Check a sync-free rewrite of :func:`~experiments.syncs.case.reduce_grad_stats`.
-
-    On a GPU: one warm-up call (a constant built once may sync there), then a call under
-    the book's detector with ``queued_ms`` of GPU work queued; it must report no sync
-    and return the reference's values. Without a GPU: the outputs are compared on CPU
-    tensors and the source is scanned for the usual sync patterns; whether the function
-    is sync-free needs a GPU, and the feedback says so.
-    """
-    if fn is None:
-        return unanswered("reduce_grad_stats_sync_free (the function's name, without calling it)")
-    if not callable(fn):
-        return Feedback(False, f"Pass the function itself, not {type(fn).__name__}.")
+def run_sync_free_rewrite(fn: Callable[[torch.Tensor], Any], *, queued_ms: float = 20.0) -> dict[str, Any]:
+    """Harness of exercise ``ex-syncs-rewrite``: call the reader's function and report, as
+    plain data, whether its values match :func:`~experiments.syncs.case.reduce_grad_stats`
+    (``diff``: '' when they do), what the source scan finds and, on a GPU, how many syncs
+    the book's detector saw with ``queued_ms`` of GPU work queued."""
     local = _reference_input()
     ref = reduce_grad_stats(local)
     findings = static_sync_findings(fn)
-    if not has_cuda():
+    report: dict[str, Any] = {"gpu": has_cuda(), "findings": findings, "raised": None, "diff": None}
+    if not report["gpu"]:
         try:
             out = fn(local.clone())
         except Exception as e:
-            return Feedback(False, f"Your function raised on a CPU tensor: {type(e).__name__}: {e}")
-        diff = _compare(out, ref)
-        if diff:
-            return Feedback(False, f"Wrong values: {diff}.", {"gpu": False})
-        if findings:
-            return Feedback(False, "The values are right, but the source still has sync patterns: "
-                            + "; ".join(findings) + ".", {"gpu": False, "findings": findings})
-        return Feedback(None, "Values match the reference on CPU, and the source has none of the usual sync "
-                              "patterns. Whether it is sync-free can only be measured on a CUDA GPU: run this "
-                              "check there (in Colab: Runtime > Change runtime type > GPU).",
-                        {"gpu": False, "findings": []})
+            report["raised"] = f"{type(e).__name__}: {e}"[:300]
+            return report
+        report["diff"] = _compare(out, ref)
+        return report
     from ..core.measure import gpu_sleep
 
     dev = local.cuda()
@@ -381,13 +365,66 @@ def check_sync_free_rewrite(fn: Callable[[torch.Tensor], Any] | None, *, queued_
         torch.cuda.synchronize()
     except Exception as e:
         torch.cuda.synchronize()
-        return Feedback(False, f"Your function raised on a CUDA tensor: {type(e).__name__}: {e}")
-    details = {"gpu": True, "syncs": det.count, "host_ms": host_ms, "findings": findings}
-    diff = _compare(out, ref)
-    if det.count:
+        report["raised"] = f"{type(e).__name__}: {e}"[:300]
+        return report
+    report.update(syncs=int(det.count), sync_report=det.report() if det.count else "", host_ms=float(host_ms),
+                  queued_ms=float(queued_ms), diff=_compare(out, ref))
+    return report
+
+
+def judge_sync_free_rewrite(report: Any) -> Feedback:
+    """Verdict on :func:`run_sync_free_rewrite`'s report.
+
+    Raises:
+        ReportError: a report no harness returns.
+    """
+    try:
+        gpu, findings, raised, diff = bool(report["gpu"]), [str(f) for f in report["findings"]], \
+            report["raised"], report["diff"]
+        if gpu and raised is None:
+            syncs, sync_report = int(report["syncs"]), str(report["sync_report"])
+            host_ms, queued_ms = float(report["host_ms"]), float(report["queued_ms"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise ReportError(f"a rewrite report without a usable {e}") from None
+    if not gpu:
+        if raised:
+            return Feedback(False, f"Your function raised on a CPU tensor: {raised}")
+        if diff:
+            return Feedback(False, f"Wrong values: {diff}.", {"gpu": False})
+        if findings:
+            return Feedback(False, "The values are right, but the source still has sync patterns: "
+                            + "; ".join(findings) + ".", {"gpu": False, "findings": findings})
+        return Feedback(None, "Values match the reference on CPU, and the source has none of the usual sync "
+                              "patterns. Whether it is sync-free can only be measured on a CUDA GPU: run this "
+                              "check there (in Colab: Runtime > Change runtime type > GPU).",
+                        {"gpu": False, "findings": []})
+    if raised:
+        return Feedback(False, f"Your function raised on a CUDA tensor: {raised}")
+    details = {"gpu": True, "syncs": syncs, "host_ms": host_ms, "findings": findings}
+    if syncs:
         hint = f" The source scan points at: {'; '.join(findings)}." if findings else ""
-        return Feedback(False, f"Still syncs: {det.report()}{hint}", details)
+        return Feedback(False, f"Still syncs: {sync_report}{hint}", details)
     if diff:
         return Feedback(False, f"No sync, but wrong values: {diff}.", details)
     return Feedback(True, f"Sync-free and correct: no sync detected, and the call returned in {host_ms:.2f} ms "
                           f"with {queued_ms:g} ms of GPU work queued.", details)
+
+
+@exercise("ex-syncs-rewrite", chapter=4, points=3, section="Case study: the metrics helper", needs_gpu=True,
+          objective="Rewrite a function so that it keeps no host-device sync, and show it with the detector.",
+          harness=run_sync_free_rewrite, judge=judge_sync_free_rewrite)
+def check_sync_free_rewrite(fn: Callable[[torch.Tensor], Any] | None, *, queued_ms: float = 20.0) -> Feedback:
+    """Check a sync-free rewrite of :func:`~experiments.syncs.case.reduce_grad_stats`
+    (:func:`run_sync_free_rewrite`, then :func:`judge_sync_free_rewrite`).
+
+    On a GPU: one warm-up call (a constant built once may sync there), then a call under
+    the book's detector with ``queued_ms`` of GPU work queued; it must report no sync
+    and return the reference's values. Without a GPU: the outputs are compared on CPU
+    tensors and the source is scanned for the usual sync patterns; whether the function
+    is sync-free needs a GPU, and the feedback says so.
+    """
+    if fn is None:
+        return unanswered("reduce_grad_stats_sync_free (the function's name, without calling it)")
+    if not callable(fn):
+        return Feedback(False, f"Pass the function itself, not {type(fn).__name__}.")
+    return judge_sync_free_rewrite(run_sync_free_rewrite(fn, queued_ms=queued_ms))

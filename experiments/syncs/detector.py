@@ -445,7 +445,7 @@ class SyncDetector(contextlib.ContextDecorator):
             to report, in bytes (default 64 KiB, where the post's GB200 started draining).
         max_syncs: syncs tolerated before 'error' mode fails (default 0).
         threads: 'all' (default) or 'current' (ignore events from other threads).
-        require_gpu: without a CUDA GPU, raise :class:`~experiments.device.NoGPUError`
+        require_gpu: without a CUDA GPU, raise :class:`~experiments.core.device.NoGPUError`
             (default) or, when False, run the block unchecked (:attr:`active` stays False).
 
     Raises:

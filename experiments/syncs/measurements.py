@@ -15,7 +15,6 @@ Helpers live in :mod:`.ops` (the catalogue's operations), :mod:`.case`
 from __future__ import annotations
 
 import re
-import textwrap
 import time
 from typing import Any, Mapping
 
@@ -437,6 +436,12 @@ def _claim_case_study(d: Mapping[str, Any]) -> tuple[bool, dict[str, Any]]:
                    "syncs per step (hidden, free)": [hidden["syncs_per_step"], free["syncs_per_step"]]}
 
 
+def _off(model: float, measured: float) -> str:
+    """'7% above', '12% below' or 'within 1% of': a model's figure against a measured one."""
+    rel = model / measured - 1
+    return "within 1% of" if abs(rel) < 0.01 else f"{abs(rel):.0%} {'above' if rel > 0 else 'below'}"
+
+
 def describe_case_study(result: Any) -> str:
     """The case study's numbers in a few sentences, from a ``syncs.case_study`` result.
 
@@ -451,15 +456,17 @@ def describe_case_study(result: Any) -> str:
         fb, met, upd = CASE_PHASES
         model = d.get("predicted_ms") or predicted_step_ms(host, gpu)
         lines += [
-            f"Before the sync the GPU has {gpu[fb] + gpu[met]:.1f} ms of forward, backward and metrics to run;",
+            f"Before the sync the GPU has {gpu[fb] + gpu[met]:.1f} ms of forward, backward and metrics to run; "
             f"after it the host spends {host[upd]:.1f} ms issuing the update loops, which need {gpu[upd]:.1f} ms "
             "of GPU time.",
             f"Sync-free, the step needs {sum(host.values()):.1f} ms of host and {sum(gpu.values()):.1f} ms of "
             "GPU time.",
-            f"The queue model predicts {model['hidden_sync']:.1f} ms with the sync and {model['sync_free']:.1f} ms "
-            "without it.",
+            f"The queue model predicts {model['hidden_sync']:.1f} ms with the sync ({_off(model['hidden_sync'], hidden)} "
+            f"the measured {hidden:.1f} ms) and {model['sync_free']:.1f} ms without it "
+            f"({_off(model['sync_free'], free)} the measured {free:.1f} ms).",
         ]
-    return "\n".join(textwrap.fill(line, 88) for line in lines)
+    # One sentence a line, not wrapped: the page or notebook wraps to its own width.
+    return "\n".join(lines)
 
 
 
@@ -494,6 +501,6 @@ def find_hidden_syncs() -> str:
     else:
         r = run("syncs.case_study")
         lines = r["variants"]["hidden_sync"]["sync_report"]
-        head = "\n".join(textwrap.wrap(r.caption() + ":", 88))
+        head = r.caption() + ":"
     count = f"{len(lines)} host-device sync{'s' if len(lines) != 1 else ''} detected in one step"
     return "\n".join([head, count + (":" if lines else ".")] + _report_lines(lines))

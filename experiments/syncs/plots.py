@@ -1,6 +1,6 @@
 """Chapter 4 figures and tables, drawn from experiment results (live or recorded).
 
-Every figure carries its provenance (:func:`experiments.plotting.stamp`); times are in
+Every figure carries its provenance (:func:`experiments.core.plotting.stamp`); times are in
 ms, sizes in KiB/MiB.
 """
 from __future__ import annotations
@@ -10,9 +10,11 @@ from typing import Any
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
+from matplotlib.transforms import blended_transform_factory
 
 from ..core.tables import Table
-from ..core.plotting import PALETTE, new_figure, stamp, stream_lanes
+from ..core.plotting import (MIN_FONT_PT, PALETTE, figure_function, is_narrow, legend_below, new_figure, pick, stamp,
+                             stream_lanes)
 from ..core.registry import Result
 
 SYNC_RED = "#b5403a"
@@ -40,6 +42,7 @@ def _gaps(intervals: list[dict[str, float]]) -> list[dict[str, Any]]:
     return out
 
 
+@figure_function
 def plot_run_ahead(result: Result) -> Figure:
     """Host and GPU lanes for the three run-ahead variants (ms on a shared axis).
 
@@ -64,7 +67,7 @@ def plot_run_ahead(result: Result) -> Figure:
                Patch(color=HOST_COLORS["launch"], label="host: launch"),
                Patch(color=SYNC_RED, label="host: waiting in .item()"),
                Patch(color=PALETTE[0], label="GPU: step's kernels"), Patch(color=IDLE_GREY, label="GPU: idle")]
-    fig.legend(handles=handles, loc="outside upper center", ncol=5, fontsize=8,
+    fig.legend(handles=handles, loc="outside upper center", ncol=pick(5, 2), fontsize=8,
                title=(f"{result.params['host_ms']:g} ms of host work and {result.params['gpu_ms']:g} ms of GPU "
                       f"work per step, {d['steps']} steps"), title_fontsize=10)
     return stamp(fig, result)
@@ -97,6 +100,7 @@ def _capture_text(value: Any) -> str:
     return {True: "captures", False: "fails", None: "?"}[value]
 
 
+@figure_function
 def plot_catalogue(result: Result) -> Figure:
     """Host wait (ms, median with p10-p90) of every operation, with GPU work queued first.
 
@@ -106,7 +110,10 @@ def plot_catalogue(result: Result) -> Figure:
     """
     d = result.data
     rows = d["rows"]
-    fig, ax = new_figure(width=8.5, height=0.24 * len(rows) + 1.6)
+    narrow = is_narrow()
+    # Narrow: each operation's code on a line of its own above its bar (beside the bar, the
+    # code would leave the bars no width), and whether it captures at the bar's right end.
+    fig, ax = new_figure(width=8.5, height=0.24 * len(rows) + 1.6, narrow_height=0.4 * len(rows) + 2.2)
     ys = list(range(len(rows)))
     med = [r["host_blocked_ms"]["median"] for r in rows]
     err = [[m - r["host_blocked_ms"]["p10"] for m, r in zip(med, rows)],
@@ -114,24 +121,39 @@ def plot_catalogue(result: Result) -> Figure:
     err = [[max(0.0, e) for e in side] for side in err]
     # A log scale shows the microsecond calls next to the full-queue waits.
     ax.set_xscale("log")
-    ax.barh(ys, med, xerr=err, color=[ROW_COLORS[_row_class(r)] for r in rows], height=0.7, capsize=2)
-    ax.set_xlim(min(0.005, 0.5 * min(med)), 3 * max(max(med), d["work_ms"]))
+    bar_ys = [y + 0.2 for y in ys] if narrow else ys
+    ax.barh(bar_ys, med, xerr=err, color=[ROW_COLORS[_row_class(r)] for r in rows], height=0.36 if narrow else 0.7,
+            capsize=2)
+    lo = min(0.005, 0.5 * min(med))
+    top = max([r["host_blocked_ms"]["p90"] for r in rows] + [d["work_ms"]])
+    # narrow: the longest bar ends at 68 % of the width, leaving room for 'graph: captures'
+    ax.set_xlim(lo, lo * (top / lo) ** (1 / 0.68) if narrow else 3 * max(max(med), d["work_ms"]))
     ax.axvline(d["work_ms"], color="#555555", linestyle="--", linewidth=1)
-    ax.set_yticks(ys)
-    ax.set_yticklabels([r["code"] for r in rows], fontsize=7, family="monospace")
     ax.invert_yaxis()
+    label_at = blended_transform_factory(ax.transAxes, ax.transData)
+    if narrow:
+        ax.set_yticks([])
+        ax.set_ylim(len(rows) - 0.45, -0.6)
+        for y, r in zip(ys, rows):
+            ax.text(0.012, y - 0.22, r["code"], transform=label_at, ha="left", va="center", fontsize=MIN_FONT_PT,
+                    family="monospace", bbox=dict(boxstyle="square,pad=0.1", fc="white", ec="none", alpha=0.9))
+            ax.text(1.0, y + 0.2, f"graph: {_capture_text(r['capturable'])}", transform=label_at, ha="right",
+                    va="center", fontsize=MIN_FONT_PT, color="#444444")
+    else:
+        ax.set_yticks(ys)
+        ax.set_yticklabels([r["code"] for r in rows], fontsize=MIN_FONT_PT, family="monospace")
+        for y, r in zip(ys, rows):
+            ax.annotate(f"graph: {_capture_text(r['capturable'])}", (1.0, y), xycoords=("axes fraction", "data"),
+                        xytext=(4, 0), textcoords="offset points", va="center", fontsize=MIN_FONT_PT, color="#444444")
     ax.set_xlabel(f"host waits in the call (ms, log scale); {d['work_ms']:g} ms of GPU work queued before it")
     ax.grid(axis="y", visible=False)
-    for y, r in zip(ys, rows):
-        ax.annotate(f"graph: {_capture_text(r['capturable'])}", (1.0, y), xycoords=("axes fraction", "data"),
-                    xytext=(4, 0), textcoords="offset points", va="center", fontsize=7, color="#444444")
     for y in range(1, len(rows)):
         if rows[y]["group"] != rows[y - 1]["group"]:
             ax.axhline(y - 0.5, color="#999999", linewidth=0.6)
     handles = [Patch(color=ROW_COLORS["reported"], label="reported by set_sync_debug_mode"),
                Patch(color=ROW_COLORS["missed"], label="waited, not reported"),
                Patch(color=ROW_COLORS["quiet"], label="no wait")]
-    fig.legend(handles=handles, loc="outside upper center", ncol=3, fontsize=8,
+    fig.legend(handles=handles, loc="outside upper center", ncol=pick(3, 1), fontsize=8,
                title=f"Which operations make the host wait ({d['numel']:,} float32 elements per tensor)",
                title_fontsize=10)
     return stamp(fig, result)
@@ -157,6 +179,7 @@ def catalogue_table(result: Result) -> Table:
                      summary=f"The catalogue as a table: {len(rows)} operations and why each does or does not sync")
 
 
+@figure_function
 def plot_queue_probe(result: Result) -> Figure:
     """Host wait inside one operation (ms) against GPU work queued before it (ms)."""
     d = result.data
@@ -178,6 +201,7 @@ def plot_queue_probe(result: Result) -> Figure:
 
 # ----------------------------------------------------------------- pageable copies
 
+@figure_function
 def plot_pageable_threshold(result: Result) -> Figure:
     """Host wait (ms) of host-to-device copies against size (log scale), three sources."""
     d = result.data
@@ -196,20 +220,22 @@ def plot_pageable_threshold(result: Result) -> Figure:
         ax.axvspan(s / 2**20, t / 2**20, color=PALETTE[3], alpha=0.12, label="the driver starts draining here")
     ax.set_xscale("log", base=2)
     ax.set_xticks(mib)
-    ax.set_xticklabels([f"{m * 1024:.0f} KiB" if m < 1 else f"{m:g} MiB" for m in mib], fontsize=7, rotation=45,
-                       ha="right")
+    every = pick(1, 2)  # the narrow axes name every other size
+    ax.set_xticklabels([(f"{m * 1024:.0f} KiB" if m < 1 else f"{m:g} MiB") if k % every == 0 else ""
+                        for k, m in enumerate(mib)], fontsize=MIN_FONT_PT, rotation=45, ha="right")
     ax.minorticks_off()
     ax.set_xlabel("copy size")
     ax.set_ylabel("host waits in the call (ms)")
     where = "no size in the sweep" if t is None else f"{t / 2**20:g} MiB"
     ax.set_title(f"Host-to-device copies behind {d['work_ms']:g} ms of GPU work: "
                  f"non_blocking pageable copies wait from {where}", fontsize=9)
-    ax.legend(loc="center left", fontsize=7)
+    legend_below(ax, fontsize=MIN_FONT_PT, ncol=pick(2, 1))  # inside, the curves cross it
     return stamp(fig, result)
 
 
 # ----------------------------------------------------------------- case study
 
+@figure_function
 def plot_case_study(result: Result) -> Figure:
     """Median time per step (ms, p10-p90) with the hidden sync and without it, next to
     the step's host time and GPU time and the queue model's prediction (when recorded)."""
@@ -241,7 +267,7 @@ def plot_case_study(result: Result) -> Figure:
     ax.set_ylabel("time per training step (ms)")
     ax.grid(axis="x", visible=False)
     ax.set_title(f"{d['speedup']:.2f}x faster without the sync (batch {d['batch']:,})", fontsize=10)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, fontsize=8, frameon=False)
+    legend_below(ax, ncol=pick(2, 1), fontsize=8)
     return stamp(fig, result)
 
 
@@ -270,6 +296,7 @@ def case_study_table(result: Result) -> Table:
                               "kernels queued behind other work, so that launches cost nothing."))
 
 
+@figure_function
 def plot_case_study_timeline(result: Result) -> Figure:
     """Host and GPU lanes of three consecutive steps, with and without the hidden sync (ms).
 
@@ -295,12 +322,13 @@ def plot_case_study_timeline(result: Result) -> Figure:
         if ax is not axes[-1]:
             ax.set_xlabel("")
     fig.legend(handles=[Patch(color=PHASE_COLORS.get(p, PALETTE[7]), label=p) for p in phases],
-               loc="outside upper center", ncol=3, fontsize=8)
+               loc="outside upper center", ncol=pick(3, 2), fontsize=8)
     return stamp(fig, result)
 
 
 # ----------------------------------------------------------------- blind spots
 
+@figure_function
 def plot_blind_spots(result: Result) -> Figure:
     """Syncs reported by the debug mode alone and by the book's detector, per case (counts).
 
@@ -309,6 +337,8 @@ def plot_blind_spots(result: Result) -> Figure:
     """
     d = result.data
     cases = d["cases"]
+    if is_narrow():
+        return _blind_spots_rows(result)
     fig, ax = new_figure(width=9.0, height=4.2)
     xs = list(range(len(cases)))
     dm = [c["debug_mode_syncs"] for c in cases]
@@ -318,17 +348,53 @@ def plot_blind_spots(result: Result) -> Figure:
     top = max(dm + det + [1])
     for x, c in zip(xs, cases):
         waited = c["host_blocked_ms"]["median"]
-        missed = c["debug_mode_syncs"] == 0 and waited >= 0.5 * d["work_ms"]
-        ax.annotate(f"waited\n{waited:.1f} ms", (x, top * 1.05), ha="center", va="bottom", fontsize=7,
-                    color=SYNC_RED if missed else "#444444")
+        ax.annotate(f"waited\n{waited:.1f} ms", (x, top * 1.05), ha="center", va="bottom", fontsize=MIN_FONT_PT,
+                    color=SYNC_RED if _missed(c, d) else "#444444")
     ax.set_ylim(0, top * 1.45)
     ax.set_xticks(xs)
-    ax.set_xticklabels([c["label"] for c in cases], rotation=30, ha="right", fontsize=7)
+    ax.set_xticklabels([c["label"] for c in cases], rotation=30, ha="right", fontsize=MIN_FONT_PT)
     ax.set_ylabel("syncs reported (count)")
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_title(f"Reported syncs against real waits ({d['work_ms']:g} ms of GPU work queued)", fontsize=10)
     ax.legend(loc="upper right", fontsize=8)
     ax.grid(axis="x", visible=False)
+    return stamp(fig, result)
+
+
+def _missed(case: dict[str, Any], d: dict[str, Any]) -> bool:
+    """The host waited (half the queued work or more) and the debug mode said nothing."""
+    return case["debug_mode_syncs"] == 0 and case["host_blocked_ms"]["median"] >= 0.5 * d["work_ms"]
+
+
+def _blind_spots_rows(result: Result) -> Figure:
+    """The narrow form of :func:`plot_blind_spots`: one row per case, its label and wait on a
+    line above its two bars (counts along x)."""
+    d = result.data
+    cases = d["cases"]
+    fig, ax = new_figure(height=0.62 * len(cases) + 1.8)
+    ys = list(range(len(cases)))
+    dm = [c["debug_mode_syncs"] for c in cases]
+    det = [c["detector_syncs"] for c in cases]
+    ax.barh([y + 0.03 for y in ys], dm, height=0.21, color=PALETTE[7], label="set_sync_debug_mode('warn')")
+    ax.barh([y + 0.27 for y in ys], det, height=0.21, color=PALETTE[0], label="the book's detector")
+    label_at = blended_transform_factory(ax.transAxes, ax.transData)
+    for y, c, a, b in zip(ys, cases, dm, det):
+        for value, at in ((a, y + 0.03), (b, y + 0.27)):  # the count, so that a 0 shows too
+            ax.annotate(f"{value}", (value, at), xytext=(3, 0), textcoords="offset points", va="center",
+                        fontsize=MIN_FONT_PT, color="#444444")
+        if y:
+            ax.axhline(y - 0.55, color="#dddddd", linewidth=0.8)
+        ax.text(0.012, y - 0.25, c["label"], transform=label_at, ha="left", va="center", fontsize=MIN_FONT_PT)
+        ax.text(1.0, y - 0.25, f"waited {c['host_blocked_ms']['median']:.1f} ms", transform=label_at, ha="right",
+                va="center", fontsize=MIN_FONT_PT, color=SYNC_RED if _missed(c, d) else "#444444")
+    ax.set_yticks([])
+    ax.set_ylim(len(cases) - 0.5, -0.55)
+    ax.set_xlim(0, max(dm + det + [1]) * 1.2)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("syncs reported (count)")
+    ax.set_title(f"Reported syncs against real waits ({d['work_ms']:g} ms of GPU work queued)", fontsize=10)
+    legend_below(ax, fontsize=8, ncol=1)
+    ax.grid(axis="y", visible=False)
     return stamp(fig, result)
 
 
