@@ -196,7 +196,12 @@ def test_every_json_field_is_documented(tmp_path):
     documented = set(re.findall(r"^([a-z_]+)\s", JSON_FIELDS, re.M))
     assert set(doc) == documented, set(doc) ^ documented
     assert doc["format"] == "memlab-doctor-report-1" and doc["cap_source"] == "snapshot"
-    assert set(doc["suggestion"]) == {"rows", "recorded", "best", "alloc_conf", "cap_bytes"}
+    assert set(doc["suggestion"]) == {"rows", "recorded", "best", "alloc_conf", "cap_bytes", "ooms_compared"}
+    certainty = {"exact", "bound_bytes", "uncertain", "peak_reserved_range_bytes", "final_reserved_range_bytes",
+                 "oom_events_range"}
+    assert certainty <= set(doc["what_if"][0]) and certainty | {"saved_range_bytes"} <= set(doc["suggestion"]["rows"][0])
+    for key in certainty | {"saved_range_bytes"}:
+        assert re.search(rf"\b{key}\b", JSON_FIELDS), key
     for name in re.findall(r"\b([a-z]+(?:_[a-z]+)+)\b", JSON_FIELDS.split("\noom ", 1)[1].split("\nsuggestion")[0]):
         if name in ("live_blocks", "live_block_count", "segment_bytes", "free_bytes", "requested_size"):
             continue
@@ -242,3 +247,18 @@ def test_a_what_if_that_is_not_exact_reads_as_a_range_in_text_json_and_suggest()
         if r["exact"] is False and r["peak_reserved_range_bytes"][0] != r["peak_reserved_range_bytes"][1]:
             a, b = r["peak_reserved_range_bytes"]
             assert f"between {format_bytes(a)} and {format_bytes(b)}" in text
+
+
+def test_without_the_cap_the_suggestion_claims_no_fewer_out_of_memory_errors():
+    """mempools_two_capped ran out of memory under a cap (set_per_process_memory_fraction) its
+    snapshot does not record: the grid runs without a cap, where nothing can run out of memory,
+    so OOM counts are no measure; the line to use, if any, must rest on the peak."""
+    rep = doctor(ROOT / "benchmarks" / "data" / "doctor_cases" / "mempools_two_capped.pickle.gz", suggest=True,
+                 workers=1)
+    s = rep.suggestion
+    assert rep.cap_bytes is None and s["recorded"]["oom_events"] >= 1
+    assert s["ooms_compared"] is False
+    text = rep.suggestion_text()
+    assert "out-of-memory errors instead of" not in text and "a cap the doctor does not know" in text
+    if s["best"] is not None:
+        assert s["best"]["saved_range_bytes"][0] > 0

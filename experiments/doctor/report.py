@@ -61,9 +61,12 @@ oom               null, or the explanation of the first out-of-memory: event_ind
                   (settings whose what-if is not exact)
 suggestion        null, or (with --suggest) rows (every setting tried, best first:
                   settings, peak_reserved_bytes, final_reserved_bytes, peak_allocated_bytes,
-                  oom_events, saved_bytes), recorded (the recorded run's figures), best (the
-                  first row, or null when nothing beats the recorded run), alloc_conf (the
-                  line to use, or null), cap_bytes
+                  oom_events, saved_bytes, saved_range_bytes, and the certainty fields of
+                  what_if), recorded (the recorded run's figures), best (the first row, or
+                  null when nothing beats the recorded run even at the worst end of the
+                  row's range), alloc_conf (the line to use, or null), cap_bytes,
+                  ooms_compared (false when the recorded run ran out of memory under a cap
+                  the doctor does not know: the grid ran without one, and only peaks count)
 Sizes are bytes. New fields may be added; none is removed or renamed within a format.
 """
 
@@ -245,6 +248,9 @@ class Report:
         """The ranked grid and the line to use."""
         s = self.suggestion or {}
         lines = ["suggestion:"] + ["  " + line for line in str(self.suggestion_table(notes=False)).splitlines()]
+        if not s.get("ooms_compared", True):
+            lines.append("  the recorded run ran out of memory under a cap the doctor does not know (pass --cap BYTES): "
+                         "the settings above ran without one, so only their peaks are compared")
         lines += ["  " + line for line in _uncertain_lines(s.get("rows", [])[:10])]
         best, rec = s.get("best"), s.get("recorded", {})
         if best is None:
@@ -252,7 +258,7 @@ class Report:
                          + "): keep it")
         else:
             why = (f"{_ooms(best)} out-of-memory errors instead of {rec['oom_events']}"
-                   if best["oom_events"] < rec["oom_events"] else
+                   if best["oom_events"] < rec["oom_events"] and s.get("ooms_compared", True) else
                    f"peak reserved {_between(best, 'peak_reserved_bytes')} instead of "
                    f"{format_bytes(rec['peak_reserved_bytes'])}")
             lines.append(f"  use: {s['alloc_conf']}   ({why})")

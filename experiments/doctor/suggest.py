@@ -154,7 +154,9 @@ def suggest(base: Run, recorded: str, *, cap_bytes: int | None, total_memory: in
         row, or None when nothing beats the recorded run even at the worst end of the row's
         range), ``alloc_conf`` (the line to use:
         ``PYTORCH_CUDA_ALLOC_CONF=...``, or None), ``cap_bytes`` and ``runs`` (settings ->
-        Run, for the OOM explanation).
+        Run, for the OOM explanation), ``ooms_compared`` (False when the recorded run ran out of
+        memory under a cap the doctor does not know: the what-ifs, capless, are then ranked
+        and compared by their peaks alone).
     """
     first = singles(base, cap_bytes)
     runs = dict(zip(first, run_many(base, first, cap_bytes=cap_bytes, total_memory=total_memory, workers=workers)))
@@ -174,10 +176,13 @@ def suggest(base: Run, recorded: str, *, cap_bytes: int | None, total_memory: in
         rows.append(row)
     top = rows[0] if rows else None
     worst_ooms = (top.get("oom_events_range") or [0, top["oom_events"]])[1] if top else 0
+    # Without a cap no what-if can run out of memory: the GPU's OOMs (under a cap the snapshot
+    # does not record) are then no measure to beat, only the peak is.
+    ooms_compared = cap_bytes is not None or base.oom_events == 0
     better = top is not None and top["settings"] != recorded and (
-        worst_ooms < base.oom_events
-        or (worst_ooms == base.oom_events and top["saved_range_bytes"][0] > 0))
-    return {"rows": rows, "recorded": rec, "best": top if better else None,
+        (ooms_compared and worst_ooms < base.oom_events)
+        or ((worst_ooms == base.oom_events or not ooms_compared) and top["saved_range_bytes"][0] > 0))
+    return {"rows": rows, "recorded": rec, "best": top if better else None, "ooms_compared": ooms_compared,
             "alloc_conf": f"PYTORCH_CUDA_ALLOC_CONF={top['settings']}" if better and top["settings"] else
             ("PYTORCH_CUDA_ALLOC_CONF= (unset: the defaults)" if better else None),
             "cap_bytes": cap_bytes, "runs": dict(ranked)}
