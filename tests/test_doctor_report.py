@@ -239,6 +239,9 @@ def test_a_what_if_that_is_not_exact_reads_as_a_range_in_text_json_and_suggest()
     sug = js["suggestion"]
     for r in sug["rows"]:
         assert {"exact", "bound_bytes", "uncertain", "peak_reserved_range_bytes", "saved_range_bytes"} <= set(r)
+    # the recorded setting's row is what the GPU did: the exact replay, not a bounded what-if
+    rec_row = next(r for r in sug["rows"] if r["settings"] == "")
+    assert rec_row["exact"] is True and rec_row["peak_reserved_bytes"] == rep.replay.peak_reserved_bytes
     # a setting is suggested only if even the worst end of its range beats the recorded run
     if sug["best"] is not None:
         assert sug["best"]["saved_range_bytes"][0] > 0 or \

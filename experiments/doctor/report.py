@@ -436,7 +436,8 @@ def doctor(snapshot: Any, what_if: Sequence[str] = (), *, cap_bytes: int | None 
     report = Report(trace, base, runs, [cfg for _, cfg in configs], cap, total, source, replay_cap)
     oom_at = first_oom(trace)
     if suggest or (explain_oom and oom_at is not None):
-        report.suggestion = _suggest(base, trace.settings, cap_bytes=cap, total_memory=total, workers=workers)
+        report.suggestion = _suggest(base, trace.settings, cap_bytes=cap, total_memory=total, workers=workers,
+                                     replay_cap=replay_cap)
     if explain_oom and oom_at is not None:
         grid = dict(report.suggestion["runs"]) if report.suggestion else {}
         grid.update({r.settings: r for r in runs})

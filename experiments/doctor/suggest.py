@@ -93,6 +93,21 @@ _FIELDS = ("events_replayed", "final_reserved_bytes", "final_allocated_bytes", "
            "peak_reserved_range_bytes", "final_reserved_range_bytes", "oom_events_range")
 
 
+def _recorded_is_the_replay(runs: dict[str, Run], recorded: str, base: Run, same_cap: bool) -> None:
+    # The recorded setting's row is what the GPU did: the exact replay's figures (its what-if
+    # may be bounded, e.g. by record_stream timing, where the replay followed the GPU's own).
+    run = runs.get(recorded)
+    if run is None or not base.matches_trace or not same_cap:
+        return
+    for name in ("peak_reserved_bytes", "final_reserved_bytes", "peak_allocated_bytes", "final_allocated_bytes",
+                 "oom_events"):
+        setattr(run, name, getattr(base, name))
+    run.exact, run.bound_bytes, run.uncertain = True, 0, []
+    run.peak_reserved_range_bytes = (base.peak_reserved_bytes,) * 2
+    run.final_reserved_range_bytes = (base.final_reserved_bytes,) * 2
+    run.oom_events_range = (base.oom_events,) * 2
+
+
 def _workers(n_jobs: int, n_requests: int) -> int:
     if sys.platform != "linux" or n_jobs < 2 or n_requests < 20_000:
         return 1        # forking costs more than a small replay; fork is Linux's only safe default
@@ -142,8 +157,11 @@ def _parallel(fn: Callable[[str], Any], items: list[str], workers: int) -> list[
 # ----------------------------------------------------------------------------- the suggestion
 
 def suggest(base: Run, recorded: str, *, cap_bytes: int | None, total_memory: int,
-            workers: int | None = None) -> dict[str, Any]:
+            workers: int | None = None, replay_cap: int | None = None) -> dict[str, Any]:
     """Rank the grid for the replay ``base`` (recorded under ``recorded``).
+
+    ``replay_cap``: the cap the replay ran under; where the grid runs under the same one, the
+    recorded setting's row is the exact replay's (what the GPU did).
 
     Returns:
         dict with ``rows`` (every setting tried, best first: settings, peak_reserved_bytes,
@@ -160,6 +178,7 @@ def suggest(base: Run, recorded: str, *, cap_bytes: int | None, total_memory: in
     """
     first = singles(base, cap_bytes)
     runs = dict(zip(first, run_many(base, first, cap_bytes=cap_bytes, total_memory=total_memory, workers=workers)))
+    _recorded_is_the_replay(runs, recorded, base, replay_cap == cap_bytes)
     ranked = sorted(runs.items(), key=lambda kv: rank_key(*kv))
     more = [c for c in combinations(ranked, cap_bytes) if c not in runs]
     if more:
