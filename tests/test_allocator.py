@@ -18,14 +18,14 @@ from experiments.allocator import fresh as alloc_fresh, measurements as alloc_me
 
 from experiments.allocator import gpu as allocator_gpu
 from experiments.allocator.model import AllocatorConfig, MiB
-from experiments.allocator.replay import simulate
+from experiments.allocator.model import simulate
 from experiments.allocator.snapshot import (
     PoolIdsMissingError, format_figure, fragmentation_index, layout_summary, load_snapshot, oom_rows,
     parse_oom_message, parse_segments,
 )
 from experiments.core.registry import Result
 
-# An out-of-memory message as torch 2.11 printed it on the lab H200 (allocator-rules.md §I.4).
+# An out-of-memory message as torch 2.11 printed it on the lab H200 (experiments/doctor/RULES.md §I.4).
 LAB_OOM = """CUDA out of memory. Tried to allocate 1.40 GiB. GPU 0 has a total capacity of
 139.80 GiB of which 136.53 GiB is free. Including non-PyTorch memory, this
 process has 3.26 GiB memory in use. 2.80 GiB allowed; Of the allocated memory
@@ -208,7 +208,7 @@ def test_load_snapshot_reads_a_dumped_pickle(tmp_path):
     path.write_bytes(pickle.dumps(SNAPSHOT))
     assert parse_segments(load_snapshot(path)) == parse_segments(SNAPSHOT)
     (tmp_path / "bad.pickle").write_bytes(pickle.dumps(42))
-    with pytest.raises(ValueError, match="does not hold a memory snapshot"):
+    with pytest.raises(ValueError, match="is not a memory snapshot"):
         load_snapshot(tmp_path / "bad.pickle")
 
 
@@ -301,7 +301,9 @@ def test_every_grid_fits_the_time_budget_shape():
     assert grids == {"alloc.request_table": 1, "alloc.anatomy": 16, "alloc.timeline": 4, "alloc.fragmentation_oom": 6,
                      "alloc.graph_pools": 2, "alloc.pool_boundary": 2, "alloc.knobs": 1,
                      # the doctor's snapshots: 7 workloads x 2-5 settings, ~140 s on the H200
-                     "alloc.doctor_snapshots": 7}
+                     "alloc.doctor_snapshots": 7,
+                     # the doctor's test oracles: 16 real programs x 2-5 settings, on demand, ~4 min
+                     "alloc.doctor_cases": 16}
 
 
 def test_a_shared_result_is_handed_out_once_and_not_for_long(fake_gpu, monkeypatch):

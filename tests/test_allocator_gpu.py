@@ -13,7 +13,7 @@ from experiments.allocator import fresh as alloc_fresh, measurements as alloc_me
 
 from experiments.core import claims, registry
 from experiments.allocator.model import MiB, compact_layout
-from experiments.allocator.replay import simulate
+from experiments.allocator.model import simulate
 
 pytestmark = pytest.mark.gpu
 
@@ -264,8 +264,9 @@ def test_recording_the_chapter_fits_the_time_budget(tmp_path):
     from experiments.core import store
 
     # The doctor's snapshots (alloc.doctor_snapshots) are real programs under 21 allocator settings, one fresh
-    # process each, recorded on their own budget (CONTRIBUTING, "Sizing"); the chapter's other seven share five.
-    chapter = [e for e in registry.all_experiments(1) if e.id != "alloc.doctor_snapshots"]
+    # process each, recorded on their own budget (CONTRIBUTING, "Sizing"), as are the doctor's test oracles
+    # (alloc.doctor_cases); the chapter's other seven share five.
+    chapter = [e for e in registry.all_experiments(1) if not e.own_budget]
     alloc_fresh._kept.clear()
     t0 = time.perf_counter()
     paths, failures = registry.record(chapter, root=tmp_path, progress=False)
@@ -309,7 +310,7 @@ def random_trace(seed, n_ops=150):
 
 @pytest.mark.parametrize("expandable", [False, True])
 def test_model_follows_the_gpu_on_a_random_trace(expandable):
-    """A differential test in the spirit of allocator-rules.md §I.3 (which went to 4000 ops with the
+    """A differential test in the spirit of experiments/doctor/RULES.md §I.3 (which went to 4000 ops with the
     driver's addresses; 150 ops stay clear of address ties with the model's own addresses)."""
     settings = {"expandable_segments": True} if expandable else None
     ops = random_trace(20260601 + expandable)

@@ -1,14 +1,13 @@
-"""The pure-Python allocator model against the rules and the H200 tables of allocator-rules.md §I
+"""The pure-Python allocator model against the rules and the H200 tables of experiments/doctor/RULES.md §I
 and seed-posts.md §4.3 (all measured on the lab GPU with torch 2.11)."""
 import pytest
 
-from experiments.allocator.engine import Engine, EngineOutOfMemory
+from experiments.doctor.engine import Engine, EngineOutOfMemory
 from experiments.allocator.model import (
-    KiB, MiB, AllocatorConfig, allocation_size, compact_layout,
-    format_bytes, normalize_ops, parse_roundup_divisions, parse_size, pool_of, round_size,
-    should_split,
+    KiB, MiB, AllocatorConfig, compact_layout, format_bytes, get_allocation_size, get_pool,
+    normalize_ops, parse_roundup_divisions, parse_size, round_size, should_split,
 )
-from experiments.allocator.replay import request_anatomy, simulate
+from experiments.allocator.model import request_anatomy, simulate
 
 EXP = {"expandable_segments": True}
 
@@ -59,8 +58,8 @@ def test_request_anatomy_matches_the_h200_table(request_bytes, block, pool, segm
 
 
 def test_rules_one_by_one():
-    assert [pool_of(round_size(n)) for n in (MiB, MiB + 1)] == ["small", "large"]
-    assert [allocation_size(round_size(n)) for n in (1, MiB + 1, 9 * MiB, 10 * MiB, 33 * MiB + 1)] == \
+    assert [get_pool(round_size(n)) for n in (MiB, MiB + 1)] == ["small", "large"]
+    assert [get_allocation_size(round_size(n)) for n in (1, MiB + 1, 9 * MiB, 10 * MiB, 33 * MiB + 1)] == \
         [2 * MiB, 20 * MiB, 20 * MiB, 10 * MiB, 34 * MiB]
     assert should_split(20 * MiB, 18 * MiB, "large") and not should_split(20 * MiB, 19 * MiB, "large")
     assert should_split(2 * MiB, 2 * MiB - 512, "small") and not should_split(1024, 1024, "small")
@@ -221,7 +220,7 @@ def test_garbage_collection_releases_every_block_of_average_age():
     from experiments.core import store
 
     h200 = store.load("alloc.knobs", "nvidia-h200").provenance.total_memory_bytes
-    cap = int(0.02 * h200)  # the lab's fraction 0.02 of the H200 (allocator-rules.md §I.2)
+    cap = int(0.02 * h200)  # the lab's fraction 0.02 of the H200 (experiments/doctor/RULES.md §I.2)
     ops = allocs(57, 30 * MiB) + frees(57) + [("alloc", "big", 40 * MiB)]
     r = reserved_mib(ops, {"garbage_collection_threshold": 0.5}, cap)
     assert r[56] == 1710 and r[-1] == 40

@@ -203,7 +203,9 @@ def test_python_blocks_run_or_import(source, recorded_mode, monkeypatch, tmp_pat
 
 
 def _command_lines(snippet: S.Snippet) -> list[str]:
-    return [m.group(1) for m in re.finditer(r"(?:^|!|\s)python3? -m experiments((?: [^\n#`]*)?)", snippet.code, re.M)]
+    # `python -m experiments.doctor` is another module (the doctor's own __main__), not a command of this parser
+    return [m.group(1) for m in re.finditer(r"(?:^|!|\s)python3? -m experiments(?![.\w])((?: [^\n#`]*)?)", snippet.code,
+                                            re.M)]
 
 
 def _option_problems(parser, argv: list[str]) -> str | None:

@@ -6,8 +6,12 @@ under S on the GPU and compare. Each case below is a small but real program of a
 readers record (a side-stream producer handing batches over with ``record_stream``, a KV
 cache grown on two streams, training under a memory cap with requests that may fail, a
 loader under a cap, CUDA graphs captured into one shared pool, ``torch.compile`` with CUDA
-graphs, a ``torch.cuda.MemPool`` used for a phase, a long eager loop); each runs in a fresh
-process once per setting in :data:`CASES`.
+graphs, a ``torch.cuda.MemPool`` used for a phase, a long eager loop), with seven more of
+our own in :mod:`experiments.allocator.doctor_programs` (FSDP-style prefetch whose buffers
+fill expandable pages exactly, two streams under a cap, garbage collection by age, graph pools
+of every kind, two MemPools at once, compiled inference); each runs in a fresh process once
+per setting in :data:`CASES`. The experiment ``alloc.doctor_cases`` records them all (on
+demand, not in the wheel): they are the doctor's test oracles (tests/test_doctor_cases.py).
 
 The programs are written so that the GPU's run is a function of the setting alone:
 
@@ -30,9 +34,13 @@ import gzip
 import os
 import pickle
 import random
+from pathlib import Path
 from typing import Any, Callable
 
+from ..core.registry import Param, experiment
+from . import doctor_programs
 from .doctor_gpu import _Recorder, _stats, compact_snapshot
+from .doctor_programs import _empty, _probe, _sleep_ms, _start_history
 
 MiB = 1024**2
 GiB = 1024**3
@@ -56,43 +64,24 @@ CASES: dict[str, tuple[int | None, tuple[str, ...]]] = {
     "mempool_phase": (None, ("", "expandable_segments:True", "max_split_size_mb:64")),
     "mempool_capped": (2 * GiB, ("", "expandable_segments:True", "garbage_collection_threshold:0.6")),
     "eager_long": (None, ("", "expandable_segments:True", "max_split_size_mb:64")),
+    # Cases of our own for the classes of issue 17 (other streams, caps, pools, settings, sizes):
+    "prefetch_pages": (None, ("", "expandable_segments:True", "max_split_size_mb:48",
+                              "expandable_segments:True,roundup_power2_divisions:4")),
+    "cap_two_streams": (1024 * MiB, ("", "expandable_segments:True", "max_split_size_mb:48",
+                                     "expandable_segments:True,garbage_collection_threshold:0.6")),
+    "gc_ages": (1280 * MiB, ("", "garbage_collection_threshold:0.5", "garbage_collection_threshold:0.8",
+                             "garbage_collection_threshold:0.6,max_split_size_mb:40",
+                             "garbage_collection_threshold:0.7,roundup_power2_divisions:2")),
+    "graph_pools_mixed": (None, ("", "expandable_segments:True", "max_split_size_mb:48")),
+    "mempools_two": (None, ("", "expandable_segments:True", "max_split_size_mb:64")),
+    "mempools_two_capped": (1536 * MiB, ("", "expandable_segments:True", "garbage_collection_threshold:0.6")),
+    "compiled_infer": (None, ("", "expandable_segments:True", "max_split_size_mb:64")),
 }
+COMPILED = frozenset({"compiled_graphs", "compiled_infer"})   # torch.compile programs
 # Cases whose snapshots keep Python stack frames (as readers' usually do): the OOM explanation
 # names the frames of the blocks that pinned the memory.
-FRAMES = frozenset({"capped_training", "loader_capped", "mempool_capped", "handoff"})
-
-_SLEEP_CYCLES_PER_MS = 2_000_000   # the lab H200 runs _sleep at about 1.98 GHz; only "long" matters
-
-
-def _start_history(frames: bool) -> None:
-    import torch
-
-    torch.cuda.memory._record_memory_history(enabled="all", context="all" if frames else None,
-                                             stacks="python", max_entries=3_000_000)
-
-
-def _empty(nbytes: int) -> Any:
-    import torch
-
-    return torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-
-
-def _probe(nbytes: int) -> bool:
-    """Allocate ``nbytes`` and free it at once; False when it does not fit (the OOM is caught)."""
-    import torch
-
-    try:
-        t = _empty(nbytes)
-    except torch.OutOfMemoryError:
-        return False
-    del t
-    return True
-
-
-def _sleep_ms(ms: float) -> None:
-    import torch
-
-    torch.cuda._sleep(int(ms * _SLEEP_CYCLES_PER_MS))
+FRAMES = frozenset({"capped_training", "loader_capped", "mempool_capped", "handoff", "cap_two_streams",
+                    "gc_ages", "mempools_two_capped"})
 
 
 # ----------------------------------------------------------------------------- the programs
@@ -376,6 +365,7 @@ PROGRAMS: dict[str, Callable[[_Recorder], None]] = {
     "loader_capped": _c_loader_capped, "graph_shared_pool": _c_graph_shared_pool,
     "compiled_graphs": _c_compiled_graphs, "mempool_phase": _c_mempool_phase,
     "mempool_capped": _c_mempool_capped, "eager_long": _c_eager_long,
+    **doctor_programs.PROGRAMS,
 }
 
 
@@ -396,10 +386,18 @@ def case_worker(case: str, frames: bool = False, pickle_path: str | None = None)
     Raises:
         ValueError: an unknown case.
     """
-    import torch
-
     if case not in PROGRAMS:
         raise ValueError(f"case must be one of {sorted(PROGRAMS)}, got {case!r}")
+    if case in COMPILED:
+        # Each run compiles from scratch: a warm Inductor or Triton cache (another setting's
+        # process of the same recording) skips work that allocates, and the runs would differ.
+        import tempfile
+
+        fresh = tempfile.mkdtemp(prefix="memlab-inductor-")
+        os.environ.update(TORCHINDUCTOR_CACHE_DIR=fresh, TRITON_CACHE_DIR=os.path.join(fresh, "triton"),
+                          TORCHINDUCTOR_FX_GRAPH_CACHE="0", TORCHINDUCTOR_AUTOGRAD_CACHE="0")
+    import torch
+
     torch.cuda.init()
     total = int(torch.cuda.get_device_properties(0).total_memory)
     cap = CASES[case][0]
@@ -420,3 +418,85 @@ def case_worker(case: str, frames: bool = False, pickle_path: str | None = None)
     snap["device_total_bytes"] = total
     snap["memory_cap_bytes"] = int(cap / total * total) if cap is not None else None
     return {"snapshot": snap, "phases": rec.phases, "device_total_bytes": total, "final": _stats()}
+
+
+# ----------------------------------------------------------------------------- the experiment
+
+CASE_NAMES = tuple(CASES)
+PARALLEL = 5            # fresh processes at once per case (the most settings a case has)
+
+
+def pickle_dir() -> Path | None:
+    """Where the raw snapshots of the default runs go when the experiment records
+    (``$MEMLAB_DOCTOR_PICKLES``, else ``benchmarks/data/doctor_cases/`` of a source checkout,
+    else nowhere): the benchmark's input and readers' pickles with stack frames."""
+    env = os.environ.get("MEMLAB_DOCTOR_PICKLES")
+    if env:
+        return Path(env)
+    bench = Path(__file__).resolve().parents[2] / "benchmarks"
+    return bench / "data" / "doctor_cases" if bench.is_dir() else None
+
+
+_CASE_RUN = {"type": "object", "required": ["settings", "snapshot", "phases", "final"],
+             "properties": {"settings": {"type": "string"},
+                            "phases": {"type": "array", "minItems": 1, "items": {
+                                "type": "object", "required": ["phase", "trace_index", "allocated_bytes.all.current",
+                                                               "reserved_bytes.all.current"]}},
+                            "final": {"type": "object", "required": ["reserved_bytes.all.current",
+                                                                     "reserved_bytes.all.peak", "num_ooms"]},
+                            "snapshot": {"type": "object", "required": ["format", "trace_z", "segments"]}}}
+
+
+@experiment(
+    "alloc.doctor_cases",
+    chapter=1,
+    title="Real programs of every class the doctor must follow, each under several settings on the GPU",
+    params=[Param("case", "handoff", choices=CASE_NAMES, help="the program")],
+    grid={"case": CASE_NAMES},
+    data_schema={"type": "object", "required": ["case", "runs"],
+                 "properties": {"case": {"type": "string"}, "cap_bytes": {"type": ["integer", "null"]},
+                                "runs": {"type": "array", "minItems": 2, "items": _CASE_RUN}}},
+    own_budget=True,   # 16 programs, 2-5 fresh processes each, ~4 min: record --experiment alloc.doctor_cases
+)
+def doctor_cases(case: str = "handoff") -> dict[str, Any]:
+    """Run ``case`` once per setting of ``CASES[case]``, each in a fresh process, several at once.
+
+    The test oracles of the allocator doctor (tests/test_doctor_cases.py): the run under the
+    defaults is what a reader would have recorded, every other run is what the GPU did under
+    that what-if. Recorded alone (``record --experiment alloc.doctor_cases``; about 4 minutes on
+    the H200), never in the chapter's default recording; not shipped in the wheel.
+
+    Returns:
+        case; cap_bytes (the memory cap, or None); runs: one dict per setting with settings
+        (PYTORCH_CUDA_ALLOC_CONF string), elapsed_s, snapshot (compact form with
+        device_total_bytes and memory_cap_bytes), phases (the GPU's counters and the trace
+        index after each phase), final (memory_stats counters at the end: bytes and counts)
+        and device_total_bytes. The default run's raw ``_snapshot()`` is also written, gzip'd,
+        to :func:`pickle_dir` when there is one.
+
+    Raises:
+        ValueError: an unknown case. FreshProcessError: a run that did not finish.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ..core.device import require_cuda
+    from ..core.runner import run_fresh
+
+    require_cuda("alloc.doctor_cases")
+    if case not in CASES:
+        raise ValueError(f"case must be one of {sorted(CASES)}, got {case!r}")
+    folder = pickle_dir()
+    if folder is not None:
+        folder.mkdir(parents=True, exist_ok=True)
+
+    def one(setting: str) -> dict[str, Any]:
+        path = str(folder / f"{case}.pickle.gz") if folder is not None and not setting else None
+        r = run_fresh("experiments.allocator.doctor_cases:case_worker",
+                      {"case": case, "frames": case in FRAMES, "pickle_path": path},
+                      alloc_conf_settings=setting or None, timeout_s=480)
+        return {"settings": setting, "elapsed_s": round(r.elapsed_s, 1), **r.unwrap()}
+
+    settings = CASES[case][1]
+    with ThreadPoolExecutor(min(PARALLEL, len(settings))) as pool:
+        runs = list(pool.map(one, settings))
+    return {"case": case, "cap_bytes": CASES[case][0], "runs": runs}

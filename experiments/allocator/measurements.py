@@ -35,8 +35,7 @@ from typing import Any, Mapping
 
 from ..core import alloc_conf
 from ..core.units import MiB
-from .model import round_size
-from .replay import simulate
+from .model import round_size, simulate
 from .snapshot import layout_summary
 from .workloads import (
     _CAP_PARAM, ANATOMY_SIZES, GRAPH_ORDERS, KNOB_CAP_MIB, KNOBS, OOM_CAP_CHOICES, OOM_CAP_MIB,
@@ -119,7 +118,7 @@ def request_table() -> dict[str, Any]:
     Returns:
         probes: one dict per size with request_bytes, block_bytes, pool, segment_bytes,
         remainder_bytes, split, segments (the layout) and predicted
-        (:func:`experiments.allocator.replay.request_anatomy`); isolation.
+        (:func:`experiments.allocator.model.request_anatomy`); isolation.
     """
     from .gpu import measure_layouts
 
@@ -137,14 +136,14 @@ def request_table() -> dict[str, Any]:
     source=POST_URL,
 )
 def _claim_rounding(data: Mapping[str, Any]) -> tuple[bool, dict[str, Any]]:
-    from .model import allocation_size, pool_of
+    from .model import get_allocation_size, get_pool
 
     bad_block, bad_segment = [], []
     for p in data["probes"]:
         n, rounded = p["request_bytes"], round_size(p["request_bytes"])
         if p["block_bytes"] % 512 or p["block_bytes"] < rounded or p["block_bytes"] != p["predicted"]["block_bytes"]:
             bad_block.append(n)
-        if p["segment_bytes"] != allocation_size(rounded) or p["pool"] != pool_of(rounded):
+        if p["segment_bytes"] != get_allocation_size(rounded) or p["pool"] != get_pool(rounded):
             bad_segment.append(n)
     n = len(data["probes"])
     return (not bad_block and not bad_segment and n > 0), {
@@ -514,5 +513,5 @@ def knobs() -> dict[str, Any]:
     return out
 
 
-# The doctor's recordings (alloc.doctor_snapshots) are registered with the chapter's experiments.
-from . import doctor_gpu  # noqa: E402,F401
+# The doctor's recordings (alloc.doctor_snapshots, alloc.doctor_cases) are registered with the chapter's experiments.
+from . import doctor_cases, doctor_gpu  # noqa: E402,F401

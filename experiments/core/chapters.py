@@ -40,7 +40,7 @@ class Command:
 
 
 COMMANDS: tuple[Command, ...] = (
-    Command("doctor", "allocator.doctor", "replay a memory snapshot exactly and compare allocator settings"),
+    Command("doctor", "doctor.cli", "replay a memory snapshot exactly and compare allocator settings"),
     Command("grade", "grading.cli", "run and score students' notebooks, each in a sandbox, into a CSV (or --json)"),
 )
 

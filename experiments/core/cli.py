@@ -14,24 +14,35 @@ import json
 import sys
 from pathlib import Path
 
+from typing import Any
+
 from . import chapters
 from .tables import Table
-from . import claims as claims_mod
-from . import registry, store
-from .device import has_cuda
+
+# registry, store, claims and device import torch: each command imports what it uses, so that
+# a command that needs no torch (doctor) starts in a fraction of a second.
 
 
-def _select(chapter: int | None, experiment_ids: list[str] | None) -> list[registry.Experiment]:
+def _select(chapter: int | None, experiment_ids: list[str] | None) -> list[Any]:
+    from . import registry
+
     if experiment_ids:
         return [registry.get(e) for e in experiment_ids]
-    exps = registry.all_experiments(chapter)
+    # experiments on a budget of their own are recorded only when named (--experiment ID)
+    exps = [e for e in registry.all_experiments(chapter) if not e.own_budget]
     if not exps:
         raise SystemExit(f"no experiments in chapter {chapter}")
     return exps
 
 
 def cmd_record(args: argparse.Namespace) -> int:
+    from . import registry
+
     exps = _select(args.chapter, args.experiment)
+    if not args.experiment:
+        for e in registry.all_experiments(args.chapter):
+            if e.own_budget:
+                print(f"skipped {e.id} (on a budget of its own: record --experiment {e.id})")
     paths, failures = registry.record(exps, root=Path(args.out) if args.out else None, progress=not args.quiet)
     for p in paths:
         print(f"wrote {p}")
@@ -41,6 +52,8 @@ def cmd_record(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    from . import registry, store
+
     rows = []
     for e in registry.all_experiments(args.chapter):
         gpus = store.recorded_gpus(e.id)
@@ -50,6 +63,9 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_claims(args: argparse.Namespace) -> int:
+    from . import claims as claims_mod
+    from .device import has_cuda
+
     mode = "recorded" if args.recorded else "live"
     if mode == "live" and not has_cuda():
         print("no CUDA GPU visible: evaluating the results recorded on the lab GPU (say --recorded to "
@@ -92,7 +108,11 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         else:
             sub.add_parser(cmd.name, help=cmd.help)
 
-    rec = sub.add_parser("record", help="run experiments on this GPU and write recorded results")
+    rec = sub.add_parser("record", help="run experiments on this GPU and write recorded results",
+                         description="Run experiments on this GPU and write their recorded results. Without "
+                                     "--experiment, every experiment of the chapters except those on a budget of "
+                                     "their own (the doctor's: --experiment alloc.doctor_snapshots, --experiment "
+                                     "alloc.doctor_cases).")
     rec.add_argument("--chapter", type=int, choices=chapters.NUMBERS,
                      help=f"only this chapter ({chapters.NUMBERS[0]}-{chapters.NUMBERS[-1]})")
     rec.add_argument("--experiment", action="append", help="only this experiment id (repeatable)")

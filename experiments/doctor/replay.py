@@ -1,6 +1,6 @@
-"""Replaying a snapshot's trace through the engine: exactly, and under other settings.
+"""Replaying a snapshot's trace through the engine, exactly, checked event by event.
 
-:func:`replay` drives :class:`experiments.allocator.engine.Engine` with the requests of a
+:func:`replay` drives :class:`experiments.doctor.engine.Engine` with the requests of a
 trace (alloc, free_requested, free_completed) under the settings the program ran with,
 handing it the segment addresses the driver chose. After every request it checks that the
 engine made exactly the segment allocations and releases the trace shows, at that event,
@@ -10,96 +10,40 @@ reserved bytes agree. Where it cannot follow, it stops and says which event and 
 Things a trace does not say, and how they are recovered:
 
 * ``empty_cache`` leaves no event of its own: a run of segment_free / segment_unmap events
-  that the allocator's malloc path did not make is one ``empty_cache`` (of the pools whose
-  segments it released), placed before the next request.
-* Which private pool (MemPool, CUDA graph) a request was routed to: a segment alive at the
-  end carries its ``segment_pool_id``; a request landing in a known segment belongs to its
-  pool; a new segment that the default pool would not have needed (it had a cached block
-  that fits) belongs to a private pool, which the doctor names (-1, n) when the snapshot no
-  longer lists it.
+  that the allocator's malloc path did not make (the garbage collector's releases and the
+  out-of-memory path's are malloc's: the engine predicts them) is one ``empty_cache``:
+  ``torch.cuda.empty_cache()``, or a deleted MemPool's release of its own pool; a private
+  pool is freeable (nothing holds it) from its first release on.
+* Which pool (default, MemPool, CUDA graph) a request was routed to: see
+  :mod:`experiments.doctor.attribution` (choices, backtracking, alternatives).
+* Blocks that CUDA-graph trees put back where a pool checkpoint held them
+  (``setSegmentStateToCheckpoint``), not where best fit would: a private pool's request for
+  a block's exact size at the start of a free block of that pool.
 * Blocks allocated before recording began: their segments and blocks are rebuilt from the
   frees of unknown blocks, the releases of unknown segments and the final state.
 
-:func:`what_if` runs the same requests on a fresh engine under other settings or a cap,
-with addresses of its own; a request that failed on the GPU (an ``oom`` entry) is tried
-again, and a request that does not fit is counted and skipped (its frees too).
-
-:func:`simulate` runs a chapter-1 operation list (alloc, free, empty_cache, snapshot) on a
-fresh engine of one stream, and :func:`request_anatomy` shows what one request gets.
+The request list a replay recovers (:attr:`Run.requests`) is what
+:func:`experiments.doctor.whatif.what_if` runs again under other settings or a cap.
 """
 from __future__ import annotations
 
-import dataclasses
-import gc
-from array import array
+import re
 from bisect import bisect_right, insort
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Sequence
 
-from .engine import DEFAULT_POOL, H200_TOTAL_MEMORY, Engine, EngineOutOfMemory
-from .model import (DEFAULT, ROUND_LARGE, SMALL_SIZE, STATE_ALLOCATED, AllocatorConfig, normalize_ops, op_label,
-                    pool_of, round_size)
-from .trace import (starting_state, ALLOC, FREE_DONE, FREE_REQ, OOM, SEG_ALLOC, SEG_FREE, SEG_MAP, SEG_UNMAP, SNAPSHOT,
-                              ACTIONS, Trace)
+from .attribution import PoolChoices, alternatives, search
+from .engine import DEFAULT_POOL, Engine, EngineOutOfMemory
+from .loader import ImpossibleTraceError
+from .run import (R_ALLOC, R_EMPTY, R_FREE_DONE, R_FREE_REQ, R_FREEABLE, R_RESTORE, R_RETRY,  # noqa: F401
+                  Run, _finish, _no_gc)
+from .rules import SMALL_SIZE, get_allocation_size
+from .trace import (ALLOC, FREE_DONE, FREE_REQ, OOM, SEG_ALLOC, SEG_FREE, SEG_MAP, SEG_UNMAP, SNAPSHOT, Trace,
+                    starting_state)
 
-# request kinds
-R_ALLOC, R_FREE_REQ, R_FREE_DONE, R_EMPTY, R_RETRY = range(5)
 _SEG_NAMES = {SEG_ALLOC: "segment_alloc", SEG_FREE: "segment_free", SEG_MAP: "segment_map",
               SEG_UNMAP: "segment_unmap"}
 _CODES = {v: k for k, v in _SEG_NAMES.items()}
-
-
-@dataclasses.dataclass
-class Run:
-    """The outcome of one replay or what-if.
-
-    Attributes:
-        settings: the settings string it ran under.
-        matches_trace: every checked event agreed (replay only; None for a what-if).
-        first_mismatch: None, or a dict with event_index, action, reason, expected, got.
-        events_replayed: trace events (replay) or requests (what-if) processed.
-        allocated, reserved: bytes after each request (arrays of equal length).
-        final_* / peak_*: bytes; peak_index: the request at peak reserved.
-        oom_events: requests that did not fit; oom_requests: their (index, bytes).
-        peak_segments: the layout at peak reserved (filled by :func:`layout_at`).
-        requests: the request list (replay only) that what-ifs reuse.
-        initial: the blocks rebuilt for a late-started recording, (key, requested, stream, pool).
-        marks: (trace index, allocated, reserved) at each 'snapshot' entry (replay only).
-        peak_event: the trace event after which reserved bytes peaked (replay only).
-        segment_log: (action, address, size) of every segment the GPU allocated or freed and of
-            every expandable range it reserved, in order (replay only; a what-if takes the
-            GPU's addresses while its own calls to the driver are the same).
-    """
-
-    settings: str
-    matches_trace: bool | None = None
-    first_mismatch: dict[str, Any] | None = None
-    events_replayed: int = 0
-    allocated: array = dataclasses.field(default_factory=lambda: array("q"))
-    reserved: array = dataclasses.field(default_factory=lambda: array("q"))
-    final_reserved_bytes: int = 0
-    final_allocated_bytes: int = 0
-    peak_reserved_bytes: int = 0
-    peak_allocated_bytes: int = 0
-    peak_index: int = 0
-    oom_events: int = 0
-    oom_requests: list[tuple[int, int]] = dataclasses.field(default_factory=list)
-    final_segments: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    requests: list[tuple] = dataclasses.field(default_factory=list)
-    initial: list[tuple[int, int, int, tuple[int, int]]] = dataclasses.field(default_factory=list)
-    marks: list[tuple[int, int, int]] = dataclasses.field(default_factory=list)
-    peak_event: int = 0
-    segment_log: list[tuple[str, int, int]] = dataclasses.field(default_factory=list)
-
-    def summary(self) -> dict[str, Any]:
-        """The JSON fields of the doctor's report for this run."""
-        out = {"settings": self.settings}
-        if self.matches_trace is not None:
-            out["matches_trace"] = self.matches_trace
-            out["first_mismatch"] = self.first_mismatch
-        out.update(final_reserved_bytes=self.final_reserved_bytes, final_allocated_bytes=self.final_allocated_bytes,
-                   peak_reserved_bytes=self.peak_reserved_bytes, peak_allocated_bytes=self.peak_allocated_bytes,
-                   oom_events=self.oom_events)
-        return out
+_SEG_EVENTS = re.compile(bytes([ord("["), SEG_ALLOC, SEG_FREE, ord("]")]))
 
 
 class _Mismatch(Exception):
@@ -112,8 +56,17 @@ def _fmt_events(evs: Sequence[tuple[Any, int, int]]) -> list[list[Any]]:
     return [[_SEG_NAMES.get(a, a), addr, size] for a, addr, size in evs]
 
 
-class _Replayer:
-    def __init__(self, trace: Trace, cap_bytes: int | None, total_memory: int):
+
+
+def _peaks(run: Run, peak_a: int, peak_r: int, peak_k: int) -> None:
+    run.peak_allocated_bytes = peak_a
+    run.peak_reserved_bytes = max(peak_r, 0)
+    run.peak_index = max(peak_k, 0)
+
+
+class _Replayer(PoolChoices):
+    def __init__(self, trace: Trace, cap_bytes: int | None, total_memory: int,
+                 forced: dict[int, tuple[int, int]] | None = None):
         self.trace = trace
         self.engine = Engine(trace.config, cap_bytes=cap_bytes, total_memory=total_memory)
         self.bases: list[int] = []           # sorted segment / range bases seen by the trace
@@ -126,13 +79,18 @@ class _Replayer:
         self.next_key = 0
         self.requests: list[tuple] = []
         self.trace_reserved = 0
-        self.private_context: tuple[int, int] | None = None
+        self.private: list[tuple[int, int]] = []            # private pools seen, oldest first
         self.inferred = 0
+        self.restores = 0                    # blocks placed by a pool checkpoint (CUDA-graph trees)
+        self.forced = forced or {}           # event index -> pool, for a new segment (see replay())
+        self.decisions: list[tuple[int, list[tuple[int, int]], int]] = []
+        self.made: list[tuple[int, int, int]] = []   # (base, end, decision) of segments a choice placed
         self.peak_reserved, self.peak_event = -1, 0
         self.segment_log: list[tuple[str, int, int]] = []   # the driver's view: cudaMalloc / cudaFree / new range
         self.stop_at: int | None = None
+        self.n_initial = 0
+        self.series = True                   # keep the bytes after every request (the peaks are kept either way)
         self.expandable = trace.config.expandable_segments
-        self.range_size = self.engine.range_size(False) if self.expandable else 0
 
     # -- segment bookkeeping of the trace
     def _containing(self, addr: int) -> int | None:
@@ -144,9 +102,13 @@ class _Replayer:
         return None
 
     def _add_base(self, base: int, size: int, pool: tuple[int, int]) -> None:
+        if pool == DEFAULT_POOL:
+            pool = DEFAULT_POOL             # the one object: the fast path tests it by identity
         insort(self.bases, base)
         self.seg_end[base] = base + size
         self.seg_pool[base] = pool
+        if pool != DEFAULT_POOL and pool not in self.private:
+            self.private.append(pool)
 
     def _drop_base(self, base: int) -> None:
         self.bases.remove(base)
@@ -165,6 +127,7 @@ class _Replayer:
             self.keys[addr] = self.next_key
             seeded.append((self.next_key, blk.requested, stream, pool))
             self.next_key += 1
+        self.n_initial = len(seeded)
         if state.unsupported:
             raise _Mismatch(0, "alloc", state.unsupported)
         return seeded
@@ -175,17 +138,21 @@ class _Replayer:
         ev = trace.events
         n = len(ev)
         # which segment_alloc / range survives to the end: its pool id is in the final state
-        survives = [False] * n
+        survives = bytearray(n)
         alive: set[int] = set()
-        for i in range(n - 1, -1, -1):
-            code, addr = ev[i][0], ev[i][1]
-            if code == SEG_FREE:
+        codes, addrs = ev.codes, ev.addrs
+        for m in reversed(list(_SEG_EVENTS.finditer(codes.tobytes()))):   # the few segment events, found in C
+            i = m.start()
+            addr = addrs[i]
+            if codes[i] == SEG_FREE:
                 alive.add(addr)
-            elif code == SEG_ALLOC:
+            else:
                 survives[i] = addr not in alive
                 alive.discard(addr)
         buf: list[int] = []                  # indices of segment events since the last request
         reqs = self.requests
+        series = self.series
+        peak_a, peak_r, peak_k = 0, -1, 0     # the peaks after a request, and which request
         alloc_a, res_a = run.allocated, run.reserved
         put_a, put_r = alloc_a.append, res_a.append
         live, pending, keys = self.live, self.pending, self.keys
@@ -194,35 +161,59 @@ class _Replayer:
         i = 0
         try:
             run.initial = self._seed()
+            only_default = not self.private
             stop = n if self.stop_at is None else min(n, self.stop_at)
-            for i in range(stop):
-                code, addr, size, stream = ev[i]
+            for i, code, addr, size, stream in zip(range(stop), codes, addrs, ev.sizes, ev.streams):
                 if code == FREE_REQ:
                     if buf:
                         self._flush_empty(i, buf)
                     blk = live.pop(addr, None)
                     if blk is None:
-                        raise _Mismatch(i, "free_requested", f"free of an unknown block at {addr:#x}")
+                        self._unknown_block(i, "free_requested", addr)
                     free_req(blk)
                     pending[addr] = blk
                     reqs.append((R_FREE_REQ, keys[addr]))
+                    if series:
+                        put_a(eng.allocated_bytes)
+                        put_r(eng.reserved_bytes)
+                    continue                 # a free raises no peak
                 elif code == FREE_DONE:
                     if buf:
                         self._flush_empty(i, buf)
                     blk = pending.pop(addr, None)
                     if blk is None:
-                        raise _Mismatch(i, "free_completed", f"completion of a free that was never requested "
-                                        f"at {addr:#x}")
+                        self._unknown_block(i, "free_completed", addr)
                     free_done(blk)
                     reqs.append((R_FREE_DONE, keys.pop(addr)))
+                    if series:
+                        put_a(eng.allocated_bytes)
+                        put_r(eng.reserved_bytes)
+                    continue
                 elif code == ALLOC:
                     if buf:
                         self._alloc(i, buf, survives)
+                        only_default = not self.private
                     else:
-                        # fast path: no segment event, so the block is in a segment the trace knows
-                        k = bisect_right(bases, addr) - 1
-                        pool = seg_pool[bases[k]] if k >= 0 and addr < seg_end[bases[k]] else DEFAULT_POOL
-                        eng.address_hook = None
+                        # fast path: no segment event, so the block is in a segment the trace knows;
+                        # until the trace shows a private pool, every such segment is the default pool's
+                        if only_default:
+                            pool = DEFAULT_POOL
+                        else:
+                            k = bisect_right(bases, addr) - 1
+                            pool = seg_pool[bases[k]] if k >= 0 and addr < seg_end[bases[k]] else DEFAULT_POOL
+                        if eng.address_hook is not None:
+                            eng.address_hook = None
+                        if pool is not DEFAULT_POOL and eng.checkpointed_block(addr, size, stream, pool) is not None:
+                            self._restore(i, addr, size, stream, pool)
+                            a, r = eng.allocated_bytes, eng.reserved_bytes
+                            if a > peak_a:
+                                peak_a = a
+                            if r > peak_r:
+                                peak_r, peak_k = r, len(reqs) - 1
+                            if series:
+                                put_a(a)
+                                put_r(r)
+                            continue
                         try:
                             blk = malloc(size, stream, pool)
                         except EngineOutOfMemory:
@@ -237,7 +228,6 @@ class _Replayer:
                         keys[addr] = key
                         self.next_key = key + 1
                         reqs.append((R_ALLOC, key, size, stream, pool))
-                        self.private_context = pool if pool != DEFAULT_POOL else None
                 elif code <= SEG_UNMAP:
                     buf.append(i)
                     self.trace_reserved += size if code == SEG_ALLOC or code == SEG_MAP else -size
@@ -250,20 +240,33 @@ class _Replayer:
                     continue
                 elif code == OOM:
                     self._oom(i, buf, size, stream)
+                    only_default = not self.private
                 else:
                     raise _Mismatch(i, trace.unknown.get(i, "?"), "a trace entry of a kind the doctor does not "
                                     f"know ({trace.unknown.get(i)!r}); it cannot follow the allocator past it")
-                put_a(eng.allocated_bytes)
-                put_r(eng.reserved_bytes)
+                # the values after each request: peaks always, the series when asked
+                a, r = eng.allocated_bytes, eng.reserved_bytes
+                if a > peak_a:
+                    peak_a = a
+                if r > peak_r:
+                    peak_r, peak_k = r, len(reqs) - 1
+                if series:
+                    put_a(a)
+                    put_r(r)
             if stop < n:           # stopped early on purpose: the state after event stop - 1
                 run.events_replayed = stop
                 run.requests = reqs
+                _peaks(run, peak_a, peak_r, peak_k)
                 _finish(run, eng)
                 return run
             i = n
             self._flush_empty(n, buf)
-            alloc_a.append(eng.allocated_bytes)
-            res_a.append(eng.reserved_bytes)
+            peak_a = max(peak_a, eng.allocated_bytes)
+            if eng.reserved_bytes > peak_r:
+                peak_r, peak_k = eng.reserved_bytes, len(reqs) - 1
+            if series:
+                alloc_a.append(eng.allocated_bytes)
+                res_a.append(eng.reserved_bytes)
             self._check_final(n)
             run.matches_trace = True
         except _Mismatch as m:
@@ -273,8 +276,24 @@ class _Replayer:
         run.requests = reqs
         run.peak_event = self.peak_event
         run.segment_log = self.segment_log
+        _peaks(run, peak_a, peak_r, peak_k)
         _finish(run, eng)
         return run
+
+    def _unknown_block(self, i: int, action: str, addr: int) -> None:
+        if self._containing(addr) is None:
+            raise ImpossibleTraceError(f"trace entry {i} ({action}): {'frees' if action == 'free_requested' else 'completes a free of'} "
+                                       f"a block at {addr:#x} that no segment holds (an impossible trace)")
+        if action == "free_requested":
+            raise _Mismatch(i, action, f"free of an unknown block at {addr:#x}")
+        raise _Mismatch(i, action, f"completion of a free that was never requested at {addr:#x}")
+
+    def live_keys(self) -> dict[int, int]:
+        """{block address: trace event of its allocation} of the blocks allocated now (those from
+        before the recording have no event and are left out)."""
+        first = self.n_initial
+        allocs = [m.start() for m in re.finditer(bytes([ALLOC]), self.trace.events.codes.tobytes())]
+        return {addr: allocs[k - first] for addr, k in self.keys.items() if addr in self.live and k >= first}
 
     def _check_reserved(self, i: int, action: str) -> None:
         # reserved bytes change only with segment events, so they are checked where those are
@@ -293,12 +312,21 @@ class _Replayer:
                 pools.add(self.seg_pool[base])
         return pools
 
-    def _compare(self, i: int, action: str, expected_idx: Sequence[int], got: list, ordered: bool,
+    def _compare(self, i: int, action: str, expected_idx: Sequence[int], got: list,
                  pool: tuple[int, int] = DEFAULT_POOL, small: bool = False) -> None:
+        # Releases are compared as sets (C++ walks hash maps of streams and pools for them);
+        # new segments and maps in order, after every release (a refused cudaMalloc makes none).
         ev = self.trace.events
         expected = [(ev[j][0], ev[j][1], ev[j][2]) for j in expected_idx]
         got_c = [(_CODES[a], addr, size) for a, addr, size in got]
-        if (expected != got_c) if ordered else (sorted(expected) != sorted(got_c)):
+
+        def key(evs: list) -> tuple:
+            gone = sorted(e for e in evs if e[0] in (SEG_FREE, SEG_UNMAP))
+            made = [e for e in evs if e[0] in (SEG_ALLOC, SEG_MAP)]
+            first_made = next((k for k, e in enumerate(evs) if e[0] in (SEG_ALLOC, SEG_MAP)), len(evs))
+            late = [e for e in evs[first_made:] if e[0] in (SEG_FREE, SEG_UNMAP)]
+            return gone, made, late
+        if key(expected) != key(got_c):
             raise _Mismatch(i, action, "the segment events differ",
                             _fmt_events([(_SEG_NAMES[c], a, s) for c, a, s in expected]), _fmt_events(got))
         # keep the trace's segment table in step, in event order
@@ -313,6 +341,28 @@ class _Replayer:
                 self._add_base(addr, self.engine.range_size(small), pool)
                 self.segment_log.append(("range", addr, self.engine.range_size(small)))
 
+    def _mark_freeable(self, idx: Sequence[int]) -> None:
+        # A private pool gives memory back only once freeable (no graph or MemPool holds it):
+        # the first release of one of its segments shows it is, from then on (ids are not reused).
+        eng = self.engine
+        new = sorted(p for p in self._segment_pools(idx) if p != DEFAULT_POOL and p not in eng.freeable)
+        if new:
+            eng.freeable.update(new)
+            self.requests.append((R_FREEABLE, tuple(new)))
+
+    def _release_events(self, blocks: list) -> list[tuple[int, int, int]]:
+        out = []
+        for b in blocks:
+            seg = b.seg
+            if seg.expandable:
+                page = self.engine.page(seg.small)
+                begin = seg.addr + -(-(b.addr - seg.addr) // page) * page
+                end = seg.addr + ((b.addr + b.size - seg.addr) // page) * page
+                out.append((SEG_UNMAP, begin, end - begin))
+            else:
+                out.append((SEG_FREE, seg.addr, seg.size))
+        return sorted(out)
+
     def _flush_empty(self, i: int, buf: list[int], check: bool = True) -> None:
         if not buf:
             return
@@ -320,10 +370,19 @@ class _Replayer:
         if any(ev[j][0] in (SEG_ALLOC, SEG_MAP) for j in buf):
             raise _Mismatch(buf[0], _SEG_NAMES[ev[buf[0]][0]], "a segment was created without an allocation "
                             "that needed it")
+        eng = self.engine
         pools = self._segment_pools(buf)
-        self.engine.empty_cache(pools)
-        self.requests.append((R_EMPTY, tuple(sorted(pools))))
-        self._compare(buf[0], "empty_cache (inferred)", buf, self.engine.events, ordered=False)
+        self._mark_freeable(buf)
+        # torch.cuda.empty_cache() (the default pools and every freeable private pool), or a
+        # deleted MemPool's release of its own pool
+        pool_id = DEFAULT_POOL
+        if DEFAULT_POOL not in pools and len(pools) == 1:
+            expected = sorted((ev[j][0], ev[j][1], ev[j][2]) for j in buf)
+            if self._release_events(eng.release_cached_plan(DEFAULT_POOL)) != expected:
+                pool_id = next(iter(pools))
+        eng.empty_cache(pool_id)
+        self.requests.append((R_EMPTY, pool_id))
+        self._compare(buf[0], "empty_cache (inferred)", buf, eng.events)
         self._drop_ranges()
         buf.clear()
         if check:  # not when the request that follows still has segment events to come
@@ -335,12 +394,43 @@ class _Replayer:
             for base in [b for b in self.bases if b not in live]:
                 self._drop_base(base)
 
+    def _malloc_releases(self, size: int, stream: int, pool: tuple[int, int]) -> bool:
+        """Whether malloc itself would release cached memory for this request (the garbage
+        collector, or a refused segment's out-of-memory path) rather than find a block."""
+        eng = self.engine
+        rounded = eng.round(size)
+        small = rounded <= SMALL_SIZE
+        fl = eng._free.get((pool, small, stream))
+        if fl is not None and eng.get_free_block(fl, rounded) is not None:
+            return False
+        if eng.cap_bytes is None:
+            return False
+        if eng._gc_counting and pool == DEFAULT_POOL and not small:
+            eng._gc_calls += 1             # malloc counts its get_free_block call before collecting
+            try:
+                if eng.garbage_collect_plan():
+                    return True
+            finally:
+                eng._gc_calls -= 1
+        return eng.reserved_bytes + get_allocation_size(rounded, eng.config) > eng.cap_bytes
+
     def _alloc(self, i: int, buf: list[int], survives: list[bool]) -> None:
         eng, ev = self.engine, self.trace.events
         _, addr, size, stream = ev[i]
         creates = [j for j in buf if ev[j][0] in (SEG_ALLOC, SEG_MAP)]
-        # which pool: the segment the block landed in, or for a new segment the final state / the default
+        frees = [j for j in buf if ev[j][0] in (SEG_FREE, SEG_UNMAP)]
         small = eng.round(size) <= SMALL_SIZE
+        # an empty_cache before this request, unless the malloc path itself releases
+        if frees and not self._malloc_releases(size, stream, self._pool_guess(addr, stream, creates)):
+            first_create = min(creates) if creates else None
+            pre = [j for j in buf if j in frees and (first_create is None or j < first_create)]
+            rest = [j for j in buf if j not in pre]
+            buf[:] = pre
+            self._flush_empty(i, buf, check=False)
+            buf[:] = rest
+        else:
+            self._mark_freeable(frees)
+        # which pool: the segment the block landed in, or for a new segment the final state / a choice
         pool = DEFAULT_POOL
         region = None
         for j in creates:
@@ -358,39 +448,25 @@ class _Replayer:
             else:
                 known = next((s["pool_id"] for s in self.trace.segments
                               if s["is_expandable"] and lo <= s["address"] < hi), None)
-            ctx = self.private_context
             if known is not None:
                 pool = known
-            elif self._could_serve(DEFAULT_POOL, size, stream, small, ev[j][0]):
-                # the default pool would not have needed a new segment: a private pool did, and
-                # not the last one either if that one could have served it
-                if ctx is None or self._could_serve(ctx, size, stream, small, ev[j][0]):
-                    self.inferred += 1
-                    ctx = (-1, self.inferred)
-                pool = ctx
-            elif ctx is not None and not self._could_serve(ctx, size, stream, small, ev[j][0]):
-                pool = ctx
+            else:
+                n_dec = len(self.decisions)
+                pool = self._choose_pool(i, size, stream, small, ev[j][0])
+                if len(self.decisions) > n_dec:
+                    self.made.append((lo, hi, n_dec))
         else:
             base = self._containing(addr)
             if base is not None:
                 pool = self.seg_pool[base]
-        self.private_context = pool if pool != DEFAULT_POOL else (None if region is None else self.private_context)
-        # an empty_cache before this request, unless the malloc path itself releases
-        frees = [j for j in buf if ev[j][0] in (SEG_FREE, SEG_UNMAP)]
-        if frees and not eng.would_fail_alloc_block(size, stream, pool):
-            first_create = min(creates) if creates else None
-            pre = [j for j in buf if j in frees and (first_create is None or j < first_create)]
-            rest = [j for j in buf if j not in pre]
-            buf[:] = pre
-            self._flush_empty(i, buf, check=False)
-            buf[:] = rest
         expected = [ev[j] for j in buf]
 
         def address(_size: int) -> int | None:
             # the engine is about to emit its next segment event: take the GPU's address for it
-            k = len(eng.events)
-            if k < len(expected) and expected[k][0] in (SEG_ALLOC, SEG_MAP):
-                return expected[k][1]
+            creates_so_far = sum(1 for e in eng.events if e[0] in ("segment_alloc", "segment_map"))
+            made = [e for e in expected if e[0] in (SEG_ALLOC, SEG_MAP)]
+            if creates_so_far < len(made):
+                return made[creates_so_far][1]
             return None
 
         eng.address_hook = address
@@ -399,8 +475,7 @@ class _Replayer:
         except EngineOutOfMemory:
             raise _Mismatch(i, "alloc", "the model ran out of memory where the GPU did not "
                             "(a memory cap the snapshot does not record? pass --cap)") from None
-        self._compare(i, "alloc", buf, eng.events, ordered=True, pool=pool,
-                      small=eng.round(size) <= SMALL_SIZE)
+        self._compare(i, "alloc", buf, eng.events, pool=pool, small=small)
         self._drop_ranges()
         buf.clear()
         self._check_reserved(i, "alloc")
@@ -411,22 +486,28 @@ class _Replayer:
         self.requests.append((R_ALLOC, self.next_key, size, stream, pool))
         self.next_key += 1
 
-    def _could_serve(self, pool: tuple[int, int], size: int, stream: int, small: bool, code: int) -> bool:
-        if self.engine.has_free_block(size, stream, pool):
-            return True
-        return code == SEG_MAP and bool(self.engine._ranges.get((pool, small, stream)))
+    def _restore(self, i: int, addr: int, size: int, stream: int, pool: tuple[int, int]) -> None:
+        # a block put where a private pool's checkpoint held it, not where best fit would
+        blk = self.engine.alloc_checkpointed_block(addr, size, stream, pool)
+        self.live[addr] = blk
+        self.keys[addr] = self.next_key
+        self.requests.append((R_RESTORE, self.next_key, size, stream, pool))
+        self.next_key += 1
+        self.restores += 1
 
     def _oom(self, i: int, buf: list[int], size: int, stream: int) -> None:
         eng = self.engine
         eng.address_hook = None
+        pool = self._stream_pool(stream)
+        self._mark_freeable([j for j in buf if self.trace.events[j][0] in (SEG_FREE, SEG_UNMAP)])
         try:
-            eng.malloc(size, stream, self.private_context or DEFAULT_POOL)
+            eng.malloc(size, stream, pool)
         except EngineOutOfMemory:
-            self._compare(i, "oom", buf, eng.events, ordered=True)
+            self._compare(i, "oom", buf, eng.events)
             self._drop_ranges()
             buf.clear()
             self._check_reserved(i, "oom")
-            self.requests.append((R_RETRY, size, stream, self.private_context or DEFAULT_POOL))
+            self.requests.append((R_RETRY, size, stream, pool))
             return
         raise _Mismatch(i, "oom", "the GPU ran out of memory here but the model did not "
                         "(the cap is unknown: pass --cap BYTES)")
@@ -446,34 +527,13 @@ class _Replayer:
                     raise _Mismatch(n, "end", "the final layout differs from the snapshot's segments", w, g)
 
 
-def _finish(run: Run, eng: Engine) -> None:
-    run.final_allocated_bytes = eng.allocated_bytes
-    run.final_reserved_bytes = eng.reserved_bytes
-    if len(run.reserved):
-        peak = max(run.reserved)
-        run.peak_reserved_bytes = peak
-        run.peak_index = run.reserved.index(peak)
-        run.peak_allocated_bytes = max(run.allocated)
-    run.oom_events = len(run.oom_requests) + getattr(run, "_trace_ooms", 0)
-    run.final_segments = eng.segments()
-
-
-class _no_gc:
-    """The blocks' prev/next links are reference cycles: with thousands of live blocks the
-    cyclic collector would rescan them over and over during a replay, for nothing to free."""
-
-    def __enter__(self) -> None:
-        self.was = gc.isenabled()
-        gc.disable()
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.was:
-            gc.enable()
-
-
 def replay(trace: Trace, *, cap_bytes: int | None = None, total_memory: int | None = None,
-           stop_at: int | None = None) -> Run:
+           stop_at: int | None = None, series: bool = True) -> Run:
     """Replay ``trace`` under the settings it was recorded with; check it event by event.
+
+    Where the trace leaves a new segment's pool open, the replay chooses and, when the trace
+    later contradicts a choice, goes back and replays again
+    (:func:`experiments.doctor.attribution.search`).
 
     Args:
         cap_bytes: the memory cap the program ran under (default: the snapshot's own
@@ -481,119 +541,44 @@ def replay(trace: Trace, *, cap_bytes: int | None = None, total_memory: int | No
         total_memory: device memory in bytes (expandable range size; default the snapshot's,
             else the lab H200's).
         stop_at: stop before this trace event (the run's ``final_segments`` is then the
-            layout at that point, e.g. ``peak_event + 1`` for the layout at peak reserved).
+            layout at that point, e.g. ``peak_event + 1`` for the layout at peak reserved;
+            ``live_keys`` then maps each allocated block to its allocation's trace event).
+        series: keep allocated and reserved bytes after every request (for the figure; the
+            peaks are kept either way).
 
     Returns:
         a :class:`Run` whose ``matches_trace`` says whether every segment event, block address
-        and reserved-bytes value agreed, and ``first_mismatch`` where not.
+        and reserved-bytes value agreed, and ``first_mismatch`` where not (of the replay that
+        got furthest); with ``alternatives`` and ``open_keys`` where pools were left open.
     """
     cap = cap_bytes if cap_bytes is not None else trace.cap_bytes
     total = total_memory or trace.total_memory or 150_109_880_320
-    r = _Replayer(trace, cap, total)
-    r.stop_at = stop_at
-    with _no_gc():
-        run = r.run()
-    run.oom_events = sum(1 for e in trace.events if e[0] == OOM)
-    return run
+
+    def once(forced: dict[int, tuple[int, int]]) -> _Replayer:
+        r = _Replayer(trace, cap, total, forced)
+        r.stop_at = stop_at
+        r.series = series
+        with _no_gc():
+            r.result = r.run()
+        return r
+
+    best, last = search(once)
+    best.oom_events = trace.events.codes.count(OOM)
+    best.restores = last.restores
+    if stop_at is not None and best is last.result:
+        best.live_keys = last.live_keys()
+    if best is last.result and best.matches_trace and stop_at is None:
+        best.pool_choices = len(last.decisions)
+        # Other attributions are looked for only where the trace shows private pools at all:
+        # otherwise every new segment could be a pool of its own, used once, and none is.
+        if last.private:
+            best.alternatives = alternatives(once, last.decisions)
+            # the requests whose pool is open: those placed in a segment a choice attributed
+            placed = [e[1] for e in trace.events if e[0] == ALLOC]      # request keys follow allocation order
+            first = len(best.initial)
+            best.open_keys = frozenset(first + n for n, a in enumerate(placed)
+                                       if any(lo <= a < hi for lo, hi, _ in last.made))
+    return best
 
 
-# ----------------------------------------------------------------------------- operation lists (chapter 1)
-
-def _layout(engine: Engine) -> list[dict[str, Any]]:
-    """The engine's segments in the chapter's snapshot format (no stream or pool id; a free
-    block's requested_size is 0)."""
-    return [{"address": s["address"], "total_size": s["total_size"], "pool": s["pool"],
-             "is_expandable": s["is_expandable"],
-             "blocks": [{"size": b["size"], "state": b["state"],
-                         "requested_size": b["requested_size"] if b["state"] == STATE_ALLOCATED else 0}
-                        for b in s["blocks"]]} for s in engine.segments()]
-
-
-def _increasing_addresses(engine: Engine) -> None:
-    """New segments and ranges get increasing addresses from 2^32 (segment order = creation order)."""
-    nxt = [1 << 32]
-
-    def hook(size: int) -> int:
-        addr, nxt[0] = nxt[0], nxt[0] + -(-size // ROUND_LARGE) * ROUND_LARGE
-        return addr
-    engine.address_hook = hook
-
-
-def simulate(
-    ops: Iterable[Sequence[Any]],
-    config: AllocatorConfig | Mapping[str, Any] | str | None = None,
-    *,
-    cap_bytes: int | None = None,
-    total_memory: int = H200_TOTAL_MEMORY,
-) -> dict[str, Any]:
-    """Run a sequence of operations (see :func:`experiments.allocator.model.normalize_ops`)
-    through the engine (one device, one stream, the default pool).
-
-    ``total_memory`` (bytes) sets an expandable segment's virtual range (default: the lab H200).
-    Returns the same structure as the GPU worker
-    (:func:`experiments.allocator.gpu.run_ops`): ``labels``, ``allocated_bytes`` and
-    ``reserved_bytes`` after each alloc/free/empty_cache (lists of equal length),
-    ``snapshots`` (label -> segments), ``oom`` (None, or the figures of the failed
-    request with its ``step``; the sequence stops there and a snapshot 'oom' is added),
-    ``num_alloc_retries`` and ``num_ooms``.
-
-    Raises:
-        ValueError: a malformed sequence or setting.
-    """
-    if cap_bytes is not None and (isinstance(cap_bytes, bool) or cap_bytes < 1):
-        raise ValueError(f"cap_bytes must be a positive number of bytes or None, got {cap_bytes!r}")
-    cfg = config if isinstance(config, AllocatorConfig) else AllocatorConfig.from_settings(config)
-    # reserved bytes are whole, so comparing them with floor(cap) is the same as with cap
-    engine = Engine(cfg, cap_bytes=None if cap_bytes is None else int(cap_bytes), total_memory=total_memory)
-    _increasing_addresses(engine)
-    live: dict[str, Any] = {}
-    out: dict[str, Any] = {"labels": [], "allocated_bytes": [], "reserved_bytes": [], "snapshots": {}, "oom": None}
-    for op in normalize_ops(ops):
-        if op[0] == "snapshot":
-            out["snapshots"][op[1]] = _layout(engine)
-            continue
-        label = op_label(op)
-        if op[0] == "alloc":
-            try:
-                live[op[1]] = engine.malloc(op[2])
-            except EngineOutOfMemory as e:
-                f = e.figures
-                out["oom"] = {"step": len(out["labels"]), **f,
-                              "reserved_unallocated_bytes": f["reserved_bytes"] - f["allocated_bytes"],
-                              "cap_bytes": cap_bytes or 0}
-                label += " → OOM"
-        elif op[0] == "free":
-            block = live.pop(op[1])
-            engine.free_requested(block)
-            engine.free_completed(block)
-        else:
-            engine.empty_cache()
-        out["labels"].append(label)
-        out["allocated_bytes"].append(engine.allocated_bytes)
-        out["reserved_bytes"].append(engine.reserved_bytes)
-        if out["oom"] is not None:
-            out["snapshots"]["oom"] = _layout(engine)
-            break
-    out["num_alloc_retries"] = engine.num_alloc_retries
-    out["num_ooms"] = engine.num_ooms
-    return out
-
-
-def request_anatomy(nbytes: int, config: AllocatorConfig = DEFAULT) -> dict[str, Any]:
-    """What one tensor of ``nbytes`` gets from an empty allocator.
-
-    Returns:
-        dict with request_bytes, rounded_bytes, pool, block_bytes (may exceed the rounded
-        size when a large-pool remainder of at most 1 MiB is not split off),
-        segment_bytes (segment or mapped pages), remainder_bytes (free tail in that
-        segment) and split (whether the tail became a separate free block).
-    """
-    engine = Engine(config)
-    block = engine.malloc(nbytes)
-    seg = engine.segments()[0]
-    rounded = round_size(nbytes, config)
-    return {
-        "request_bytes": nbytes, "rounded_bytes": rounded, "pool": pool_of(rounded),
-        "block_bytes": block.size, "segment_bytes": seg["total_size"],
-        "remainder_bytes": seg["total_size"] - block.size, "split": len(seg["blocks"]) > 1,
-    }
+__all__ = ["Run", "replay"]

@@ -1,0 +1,454 @@
+"""The allocator doctor: a reader's memory snapshot, replayed exactly, and "what if?" answered.
+
+``doctor(snapshot, what_if=["expandable_segments:True", ...])`` reads a snapshot
+(``torch.cuda.memory._dump_snapshot`` pickle, its dict, or the doctor's compact JSON), replays
+its trace under the settings it was recorded with (:func:`experiments.doctor.replay.replay`
+checks every segment event, block address and reserved-bytes value against the trace),
+then runs the same requests under each what-if setting and cap
+(:func:`experiments.doctor.whatif.what_if`). The :class:`Report` says what was reserved but
+not usable at the peak and which live blocks pinned those segments, and puts the settings
+side by side; in a notebook it also draws reserved and allocated bytes over the trace for
+every setting on one axis, and the segment map at the peak.
+
+Sources: ``c10/cuda/CUDACachingAllocator.cpp`` (via the rules file, RULES.md), the snapshot
+format of ``torch/cuda/memory.py`` / ``torch/cuda/_memory_viz.py``, and
+https://docs.pytorch.org/docs/stable/torch_cuda_memory.html (how to record a snapshot).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Sequence
+
+from ..core.tables import Table
+from ..core.units import format_bytes
+from .engine import H200_TOTAL_MEMORY
+from .rows import SIZE_LIMIT
+from .loader import DEFAULT_LIMITS, InputError, Limits
+from .oom import explain, first_oom, infer_cap, your_frame
+from .replay import Run, replay
+from .rules import AllocatorConfig
+from .suggest import run_many, suggest as _suggest
+from .trace import Trace, read
+from .whatif import _config, what_if as _what_if
+
+FORMAT = "memlab-doctor-report-1"
+JSON_FIELDS = """The ``--json`` object (``Report.to_json()``), format ``memlab-doctor-report-1``:
+
+format            'memlab-doctor-report-1'
+trace_events      events in the trace (annotations left out)
+settings          the PYTORCH_CUDA_ALLOC_CONF the program ran with ('' = the defaults)
+device_total_bytes  the device's memory (the snapshot's, else the lab H200's)
+cap_bytes         the memory cap the what-ifs ran under, or null
+cap_source        'given', 'fraction', 'snapshot', 'inferred' (from the OOM entry) or null
+replay            settings, matches_trace, first_mismatch (null, or event_index, action,
+                  reason, expected, got), final/peak reserved and allocated bytes, oom_events
+what_if           one object per --what-if: settings, final/peak reserved and allocated bytes,
+                  oom_events, and how sure the answer is: exact (true when nothing the
+                  snapshot leaves open can change it), uncertain (what can: record_stream
+                  completion timing, pool attribution, driver address order, pool checkpoint
+                  restores, lifetime of requests that failed in the recording), bound_bytes
+                  (the most peak or final reserved may be off by; 0 when exact),
+                  peak_reserved_range_bytes and final_reserved_range_bytes ([low, high]),
+                  oom_events_range ([fewest, most])
+oom               null, or the explanation of the first out-of-memory: event_index,
+                  request_bytes, rounded_bytes, segment_bytes, pool, stream, device_free_bytes,
+                  cap_bytes, allocated_bytes, reserved_bytes, reserved_unallocated_bytes,
+                  largest_free_bytes, followed, pinned (segments with free bytes that live
+                  blocks pin: address, segment_bytes, pool, stream, free_bytes,
+                  live_block_count, live_blocks [address, size, requested_size, frames
+                  [[file, line, name], ...]]), fits_under, fails_under (settings
+                  whose exact what-if served / refused the request), uncertain_under
+                  (settings whose what-if is not exact)
+suggestion        null, or (with --suggest) rows (every setting tried, best first:
+                  settings, peak_reserved_bytes, final_reserved_bytes, peak_allocated_bytes,
+                  oom_events, saved_bytes, saved_range_bytes, and the certainty fields of
+                  what_if), recorded (the recorded run's figures), best (the first row, or
+                  null when nothing beats the recorded run even at the worst end of the
+                  row's range), alloc_conf (the line to use, or null), cap_bytes,
+                  ooms_compared (false when the recorded run ran out of memory under a cap
+                  the doctor does not know: the grid ran without one, and only peaks count)
+Sizes are bytes. New fields may be added; none is removed or renamed within a format.
+"""
+
+
+def _between(x: Mapping[str, Any], name: str) -> str:
+    """A what-if's figure as the reader should take it: one number when exact, else the range
+    ("between X and Y") of the runs the snapshot cannot tell apart."""
+    rng = x.get(name.replace("_bytes", "_range_bytes"))
+    if x.get("exact") is False and rng and rng[0] != rng[1]:
+        return f"between {format_bytes(rng[0])} and {format_bytes(rng[1])}"
+    return format_bytes(x[name])
+
+
+def _ooms(x: Mapping[str, Any]) -> str:
+    rng = x.get("oom_events_range")
+    if x.get("exact") is False and rng and rng[0] != rng[1]:
+        return f"between {rng[0]} and {rng[1]}"
+    return str(x["oom_events"])
+
+
+def _uncertain_lines(rows: Sequence[Mapping[str, Any]], label: str = "settings") -> list[str]:
+    """One line per what-if that is not exact: why, and by how much it may be off."""
+    out = []
+    for x in rows:
+        if x.get("exact") is False:
+            why = ", ".join(x.get("uncertain") or ["?"])
+            out.append(f"{x[label] or 'defaults'}: not exact ({why}); " +
+                       (f"peak and final reserved may be off by up to {format_bytes(x['bound_bytes'])}"
+                        if x.get("bound_bytes") else "every alternative the doctor ran gave the same figures"))
+    return out
+
+
+def _layout_stats(segments: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    free = [b["size"] for s in segments for b in s["blocks"] if b["state"] == "inactive"]
+    total_free = sum(free)
+    return {"reserved_unallocated_bytes": total_free,
+            "largest_free_bytes": max(free, default=0),
+            "fragmentation": 0.0 if not total_free else 1.0 - max(free) / total_free}
+
+
+def _pinning(segments: Sequence[Mapping[str, Any]], top: int = 5) -> list[dict[str, Any]]:
+    """Segments that hold free bytes but cannot be released: live blocks pin them."""
+    rows = []
+    for s in segments:
+        live = [b for b in s["blocks"] if b["state"] != "inactive"]
+        free = sum(b["size"] for b in s["blocks"] if b["state"] == "inactive")
+        if live and free:
+            rows.append({"address": s["address"], "segment_bytes": s["total_size"], "pool": s["pool"],
+                         "pool_id": s.get("pool_id"), "expandable": s.get("is_expandable", False),
+                         "free_bytes": free,
+                         "live_blocks": [{"size": b["size"], "requested_size": b["requested_size"]} for b in live]})
+    rows.sort(key=lambda r: -r["free_bytes"])
+    return rows[:top]
+
+
+@dataclasses.dataclass
+class Report:
+    """What :func:`doctor` found. ``to_json()`` is the CLI's ``--json`` object (fields:
+    :data:`JSON_FIELDS`); ``text()`` the report; in a notebook it shows itself with its figure.
+
+    Attributes:
+        trace, replay, what_ifs, configs: the trace, its exact replay, the what-if runs and
+            their settings.
+        cap_bytes: the cap the what-ifs ran under; cap_source: where it came from.
+        total_memory: the device's memory in bytes.
+        oom: the out-of-memory explanation (:func:`experiments.doctor.oom.explain`) or None.
+        suggestion: the ranked grid (:func:`experiments.doctor.suggest.suggest`) or None.
+    """
+
+    trace: Trace
+    replay: Run
+    what_ifs: list[Run]
+    configs: list[AllocatorConfig]
+    cap_bytes: int | None
+    total_memory: int
+    cap_source: str | None = None
+    replay_cap: int | None = None
+    oom: dict[str, Any] | None = None
+    suggestion: dict[str, Any] | None = None
+    _layouts: dict[int, list[dict[str, Any]]] = dataclasses.field(default_factory=dict, repr=False)
+    _series: dict[int, Run] = dataclasses.field(default_factory=dict, repr=False)
+
+    def peak_layout(self, run: Run) -> list[dict[str, Any]]:
+        """The segments at ``run``'s peak reserved (computed on first use: a second pass up
+        to the peak; for the recorded run, the exact replay with the GPU's addresses)."""
+        key = id(run)
+        if key not in self._layouts:
+            t = self.trace
+            if run is self.replay and run.matches_trace:
+                segs = replay(t, cap_bytes=self.replay_cap, total_memory=self.total_memory,
+                              stop_at=run.peak_event + 1, series=False).final_segments
+            else:
+                if run is self.replay:
+                    cfg, cap = t.config, self.replay_cap
+                else:
+                    cfg, cap = self.configs[self.what_ifs.index(run)], self.cap_bytes
+                _, eng = _what_if(self.replay, cfg, run.settings, cap_bytes=cap, total_memory=self.total_memory,
+                                  stop_at=run.peak_index + 1, series=False)
+                segs = eng.segments()
+            self._layouts[key] = segs
+        return self._layouts[key]
+
+    def series(self, run: Run) -> Run:
+        """``run`` with its per-request series (allocated and reserved bytes after each
+        request), run again if it was computed without (for the figure)."""
+        if len(run.reserved) or not len(self.replay.requests):
+            return run
+        key = id(run)
+        if key not in self._series:
+            if run is self.replay:
+                self._series[key] = replay(self.trace, cap_bytes=self.replay_cap, total_memory=self.total_memory)
+            else:
+                cfg = self.configs[self.what_ifs.index(run)]
+                self._series[key] = _what_if(self.replay, cfg, run.settings, cap_bytes=self.cap_bytes,
+                                             total_memory=self.total_memory)[0]
+        return self._series[key]
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``--json`` object: see :data:`JSON_FIELDS`."""
+        sug = None
+        if self.suggestion is not None:
+            sug = {k: v for k, v in self.suggestion.items() if k != "runs"}
+        return {"format": FORMAT, "trace_events": len(self.trace.events), "settings": self.trace.settings,
+                "device_total_bytes": self.total_memory, "cap_bytes": self.cap_bytes, "cap_source": self.cap_source,
+                "replay": self.replay.summary(),
+                "what_if": [w.summary() for w in self.what_ifs],
+                "oom": self.oom, "suggestion": sug}
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per setting (recorded first): the figures and the fragmentation at the peak."""
+        out = []
+        for label, run in [("recorded: " + (self.trace.settings or "defaults"), self.replay)] + \
+                [(w.settings or "defaults", w) for w in self.what_ifs]:
+            stats = _layout_stats(self.peak_layout(run))
+            out.append({"label": label, **run.summary(), **{f"peak_{k}": v for k, v in stats.items()}})
+        return out
+
+    def table(self, notes: bool = True) -> Table:
+        """The settings side by side: peak and final reserved, peak allocated, fragmentation at the
+        peak and OOMs, the recorded setting first (an HTML table in a notebook). A what-if that
+        is not exact shows its range ("between X and Y"); the caption says why (``notes``)."""
+        rows = self.rows()
+        notes = _uncertain_lines(rows, "label") if notes else []
+        return Table(["setting", "peak reserved", "peak allocated", "final reserved", "frag@peak", "OOMs"],
+                     [[x["label"], _between(x, "peak_reserved_bytes"), format_bytes(x["peak_allocated_bytes"]),
+                       _between(x, "final_reserved_bytes"), f"{x['peak_fragmentation']:.2f}", _ooms(x)]
+                      for x in rows], "; ".join(notes), right=[False, True, True, True, True, True])
+
+    def suggestion_table(self, top: int = 10, notes: bool = True) -> Table | None:
+        """The ranked grid of ``--suggest`` (best first), or None without one."""
+        if self.suggestion is None:
+            return None
+        rec = self.suggestion["recorded"]
+        shown = self.suggestion["rows"][:top]
+        rows = [[(r["settings"] or "defaults") + (" (recorded)" if r["settings"] == rec["settings"] else ""),
+                 _between(r, "peak_reserved_bytes"), _between(r, "final_reserved_bytes"), _ooms(r),
+                 _signed_range(r)] for r in shown]
+        notes = _uncertain_lines(shown) if notes else []
+        caption = f"{len(self.suggestion['rows'])} settings replayed, best first (worst end of a range first)"
+        return Table(["setting", "peak reserved", "final reserved", "OOMs", "peak vs yours"], rows,
+                     caption + ("; " + "; ".join(notes) if notes else ""),
+                     right=[False, True, True, True, True])
+
+    def text(self) -> str:
+        """The report: :meth:`summary`, the OOM explanation, the settings side by side, and the
+        suggestion when asked for."""
+        parts = [self.summary()]
+        if self.oom is not None:
+            parts.append(self.oom_text())
+        if self.what_ifs:
+            parts += ["the same requests under each setting:"] + \
+                ["  " + line for line in str(self.table(notes=False)).splitlines()] + \
+                ["  " + line for line in _uncertain_lines(self.rows(), "label")]
+        if self.suggestion is not None:
+            parts.append(self.suggestion_text())
+        return "\n".join(parts)
+
+    def suggestion_text(self) -> str:
+        """The ranked grid and the line to use."""
+        s = self.suggestion or {}
+        lines = ["suggestion:"] + ["  " + line for line in str(self.suggestion_table(notes=False)).splitlines()]
+        if not s.get("ooms_compared", True):
+            lines.append("  the recorded run ran out of memory under a cap the doctor does not know (pass --cap BYTES): "
+                         "the settings above ran without one, so only their peaks are compared")
+        lines += ["  " + line for line in _uncertain_lines(s.get("rows", [])[:10])]
+        best, rec = s.get("best"), s.get("recorded", {})
+        if best is None:
+            lines.append("  no setting of the grid beats the one you ran with (" + (rec.get("settings") or "defaults")
+                         + "): keep it")
+        else:
+            why = (f"{_ooms(best)} out-of-memory errors instead of {rec['oom_events']}"
+                   if best["oom_events"] < rec["oom_events"] and s.get("ooms_compared", True) else
+                   f"peak reserved {_between(best, 'peak_reserved_bytes')} instead of "
+                   f"{format_bytes(rec['peak_reserved_bytes'])}")
+            lines.append(f"  use: {s['alloc_conf']}   ({why})")
+        return "\n".join(lines)
+
+    def oom_text(self) -> str:
+        """The out-of-memory explanation as sentences."""
+        o = self.oom or {}
+        cap = o.get("cap_bytes")
+        lines = [f"out of memory at trace entry {o['event_index']}: a request of {format_bytes(o['request_bytes'])} "
+                 f"(rounded to {format_bytes(o['rounded_bytes'])}; a new segment would be "
+                 f"{format_bytes(o['segment_bytes'])}) on stream {o['stream']} failed"
+                 + (f" under a cap of {format_bytes(cap)}" + (" (inferred)" if self.cap_source == "inferred" else "")
+                    if cap else "")]
+        if not o.get("followed"):
+            lines.append("  the exact replay stops before this point (see above), so the doctor cannot say what held "
+                         "the memory then")
+            return "\n".join(lines)
+        lines.append(f"  after the out-of-memory path released what it could, {format_bytes(o['reserved_bytes'])} was "
+                     f"reserved and {format_bytes(o['allocated_bytes'])} allocated: "
+                     f"{format_bytes(o['reserved_unallocated_bytes'])} reserved but unusable for it (the largest free "
+                     f"block {format_bytes(o['largest_free_bytes'])})")
+        if o.get("pinned"):
+            lines.append("  segments whose free bytes live blocks pin (they cannot be released):")
+            for p in o["pinned"]:
+                held = []
+                for b in p["live_blocks"]:
+                    f = your_frame(b["frames"])
+                    held.append(format_bytes(b["size"]) + (f" ({f[0].rsplit('/', 1)[-1]}:{f[1]} {f[2]})" if f else ""))
+                more = p["live_block_count"] - len(p["live_blocks"])
+                lines.append(f"    {format_bytes(p['segment_bytes'])} {p['pool']} segment at {p['address']:#x}: "
+                             f"{format_bytes(p['free_bytes'])} free, held by {', '.join(held)}"
+                             + (f" and {more} more" if more > 0 else ""))
+        if cap and o["allocated_bytes"] + o["segment_bytes"] > cap:
+            lines.append(f"  even with no fragmentation it could not fit: {format_bytes(o['allocated_bytes'])} allocated "
+                         f"+ {format_bytes(o['segment_bytes'])} > the cap; only freeing tensors (or a larger cap) helps")
+        if o.get("fits_under") or o.get("fails_under") or o.get("uncertain_under"):
+            fits = [s or "defaults" for s in o["fits_under"]]
+            lines.append("  this request would have fitted under: " + (", ".join(fits) if fits else
+                                                                       "none of the settings tried"))
+            if o.get("uncertain_under"):
+                lines.append("  the doctor cannot say for sure under: "
+                             + ", ".join(s or "defaults" for s in o["uncertain_under"]) + " (not exact)")
+        return "\n".join(lines)
+
+    def summary(self) -> str:
+        """The replay's verdict and what is reserved but unusable at the peak (which live blocks
+        pin which segments)."""
+        t, r = self.trace, self.replay
+        cap = ""
+        if self.cap_bytes:
+            cap = f"; cap {format_bytes(self.cap_bytes)}" + (f" ({self.cap_source})" if self.cap_source else "")
+        lines = [f"snapshot: {len(t.events):,} trace events; settings: {t.settings or 'defaults'}" + cap]
+        if r.matches_trace:
+            lines.append("replay: matches the trace exactly (every segment event, block address and reserved byte)")
+        else:
+            m = r.first_mismatch or {}
+            lines.append(f"replay: stops at trace event {m.get('event_index')} ({m.get('action')}): {m.get('reason')}; "
+                         "the figures below cover the events before it")
+        layout = self.peak_layout(r)
+        stats = _layout_stats(layout)
+        lines.append(f"peak reserved {format_bytes(r.peak_reserved_bytes)}, peak allocated "
+                     f"{format_bytes(r.peak_allocated_bytes)}; at the peak {format_bytes(stats['reserved_unallocated_bytes'])} "
+                     f"is reserved but not allocated (fragmentation {stats['fragmentation']:.2f})")
+        pins = _pinning(layout)
+        if pins:
+            lines.append("segments that hold it, pinned by live blocks:")
+            for p in pins:
+                blocks = ", ".join(format_bytes(b["size"]) for b in p["live_blocks"][:4])
+                more = f" and {len(p['live_blocks']) - 4} more" if len(p["live_blocks"]) > 4 else ""
+                lines.append(f"  {format_bytes(p['segment_bytes'])} {p['pool']} segment at {p['address']:#x}: "
+                             f"{format_bytes(p['free_bytes'])} free, held by {blocks}{more}")
+        return "\n".join(lines)
+
+    def figure(self) -> Any:
+        """Reserved (solid) and allocated (dashed) bytes over the requests for every setting on
+        one axis, and the segment map at the recorded run's peak (a matplotlib Figure; the
+        only part of the doctor that imports matplotlib, when it is drawn)."""
+        from .figure import draw
+
+        return draw(self)
+
+    def _repr_html_(self) -> str:
+        import html
+
+        out = "<pre>" + html.escape(self.summary()) + "</pre>"
+        if self.oom is not None:
+            out += "<pre>" + html.escape(self.oom_text()) + "</pre>"
+        out += self.table()._repr_html_()
+        if self.suggestion is not None:
+            out += self.suggestion_table()._repr_html_()  # type: ignore[union-attr]
+        return out
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import HTML, display
+
+        display(HTML(self._repr_html_()))
+        display(self.figure())
+
+
+def _signed(n: int) -> str:
+    return ("-" if n < 0 else "+" if n > 0 else "") + format_bytes(abs(n))
+
+
+def _signed_range(r: Mapping[str, Any]) -> str:
+    rng = r.get("saved_range_bytes")
+    if r.get("exact") is False and rng and rng[0] != rng[1]:
+        return f"between {_signed(-rng[1])} and {_signed(-rng[0])}"
+    return _signed(-r["saved_bytes"])
+
+
+def doctor(snapshot: Any, what_if: Sequence[str] = (), *, cap_bytes: int | None = None,
+           cap_fraction: float | None = None, device: int = 0, show: bool = False,
+           limits: Limits = DEFAULT_LIMITS, suggest: bool = False, explain_oom: bool = True,
+           workers: int | None = None) -> Report:
+    """Replay ``snapshot`` and answer the what-ifs.
+
+    Args:
+        snapshot: a path (pickle, gzip'd pickle or JSON), a snapshot dict, or a recorded run.
+        what_if: settings strings in ``PYTORCH_CUDA_ALLOC_CONF`` syntax ('' = defaults).
+        cap_bytes / cap_fraction: a memory cap for the what-ifs (bytes, or a fraction of the
+            device's memory: the snapshot's ``device_total_bytes`` or the H200's); default the
+            cap the snapshot records, if any; for a snapshot that records none and ran out of
+            memory, the cap is inferred from its out-of-memory entry
+            (:func:`experiments.doctor.oom.infer_cap`).
+        suggest: also replay the grid of :mod:`experiments.doctor.suggest` and rank it.
+        explain_oom: for a trace with an out-of-memory error, explain the first one (which
+            runs the grid too, to say which settings would have fitted).
+        workers: processes for the what-ifs and the grid (default: the cores, on Linux, for
+            long traces; 1 runs them here).
+        show: in a notebook, display the report and the figure.
+        limits: what the loader accepts (:class:`experiments.doctor.loader.Limits`).
+
+    Raises:
+        InputError (a ValueError): not a readable snapshot (SnapshotError), an impossible
+            trace, bad settings or cap; the message is one line naming what is wrong. Any
+            other exception is a bug in the doctor.
+    """
+    if cap_bytes is not None and cap_fraction is not None:
+        raise InputError("give cap_bytes or cap_fraction, not both")
+    if cap_bytes is not None and (isinstance(cap_bytes, bool) or not isinstance(cap_bytes, int)
+                                  or not 0 <= cap_bytes < SIZE_LIMIT):
+        raise InputError(f"cap_bytes must be a whole number of bytes in [0, {SIZE_LIMIT:#x}), got {cap_bytes!r}")
+    if cap_fraction is not None and (isinstance(cap_fraction, bool) or not isinstance(cap_fraction, (int, float))
+                                     or not 0 < cap_fraction <= 1):
+        raise InputError(f"cap_fraction must be in (0, 1], got {cap_fraction!r}")
+    if isinstance(device, bool) or not isinstance(device, int) or device < 0:
+        raise InputError(f"device must be a device index >= 0, got {device!r}")
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise InputError(f"workers must be a whole number >= 1, got {workers!r}")
+    if isinstance(what_if, str):
+        what_if = [what_if]
+    configs = [(s, _config(s)) for s in what_if]
+    trace = read(snapshot, device=device, limits=limits)
+    total = trace.total_memory or H200_TOTAL_MEMORY
+    source = None
+    if cap_bytes is not None:
+        cap, source = cap_bytes, "given"
+    elif cap_fraction:
+        cap, source = int(cap_fraction * total), "fraction"
+    elif trace.cap_bytes is not None:
+        cap, source = trace.cap_bytes, "snapshot"
+    else:
+        cap = infer_cap(trace, total) if first_oom(trace) is not None else None
+        source = "inferred" if cap is not None else None
+    replay_cap = trace.cap_bytes if trace.cap_bytes is not None else cap
+    base = replay(trace, cap_bytes=replay_cap, total_memory=total, series=False)
+    if source == "inferred" and base.first_mismatch and base.first_mismatch["event_index"] == first_oom(trace):
+        # the device was not what ran out (a per-process fraction was): the cap is unknown
+        cap = replay_cap = None
+        source = None
+        base.first_mismatch["reason"] = ("the GPU ran out of memory here, under a cap the snapshot does not record "
+                                         "(set_per_process_memory_fraction?): pass --cap BYTES or --cap-fraction F")
+    runs = run_many(base, [s for s, _ in configs], cap_bytes=cap, total_memory=total, workers=workers)
+    report = Report(trace, base, runs, [cfg for _, cfg in configs], cap, total, source, replay_cap)
+    oom_at = first_oom(trace)
+    if suggest or (explain_oom and oom_at is not None):
+        report.suggestion = _suggest(base, trace.settings, cap_bytes=cap, total_memory=total, workers=workers,
+                                     replay_cap=replay_cap)
+    if explain_oom and oom_at is not None:
+        grid = dict(report.suggestion["runs"]) if report.suggestion else {}
+        grid.update({r.settings: r for r in runs})
+        report.oom = explain(trace, base, cap_bytes=replay_cap, total_memory=total, grid=grid)
+    if not suggest:
+        report.suggestion = None
+    if show:
+        from IPython.display import display
+
+        display(report)
+    return report
+
+
+__all__ = ["FORMAT", "JSON_FIELDS", "Report", "doctor"]

@@ -1,0 +1,141 @@
+"""The outcome of a replay or a what-if (:class:`Run`) and the request list they share.
+
+A replay (:mod:`experiments.doctor.replay`) recovers from a trace the list of requests the
+program made of the allocator; a what-if (:mod:`experiments.doctor.whatif`) runs the same list
+again under other settings. Request kinds are small ints so that the loops stay fast.
+"""
+from __future__ import annotations
+
+import dataclasses
+import gc
+from array import array
+from typing import Any
+
+from .engine import Engine
+
+# request kinds: (R_ALLOC, key, bytes, stream, pool), (R_FREE_REQ, key), (R_FREE_DONE, key),
+# (R_EMPTY, pool id: the default for empty_cache(), a private one for a deleted MemPool),
+# (R_RETRY, bytes, stream, pool: a request that failed on the GPU), (R_FREEABLE, pool ids),
+# (R_RESTORE, key, bytes, stream, pool: a block a private pool's checkpoint put in place)
+R_ALLOC, R_FREE_REQ, R_FREE_DONE, R_EMPTY, R_RETRY, R_FREEABLE, R_RESTORE = range(7)
+
+@dataclasses.dataclass
+class Run:
+    """The outcome of one replay or what-if.
+
+    Attributes:
+        settings: the settings string it ran under.
+        matches_trace: every checked event agreed (replay only; None for a what-if).
+        first_mismatch: None, or a dict with event_index, action, reason, expected, got.
+        events_replayed: trace events (replay) or requests (what-if) processed.
+        allocated, reserved: bytes after each request (arrays of equal length; empty when
+            run with ``series=False``: the peaks are kept either way).
+        final_* / peak_*: bytes; peak_index: the request (index into the run's requests)
+            after which reserved bytes peaked.
+        oom_events: requests that did not fit; oom_requests: their (index, bytes).
+        peak_segments: the layout at peak reserved (filled by :func:`layout_at`).
+        requests: the request list (replay only) that what-ifs reuse.
+        initial: the blocks rebuilt for a late-started recording, (key, requested, stream, pool).
+        marks: (trace index, allocated, reserved) at each 'snapshot' entry (replay only).
+        peak_event: the trace event after which reserved bytes peaked (replay only).
+        segment_log: (action, address, size) of every segment the GPU allocated or freed and of
+            every expandable range it reserved, in order (replay only; a what-if takes the
+            GPU's addresses while its own calls to the driver are the same).
+        pool_choices: new segments whose pool the trace left open (replay only).
+        alternatives: the request lists of the other pool attributions the whole trace
+            agrees with (replay only; found one choice at a time, see replay()).
+        open_keys: the requests placed in segments whose pool was such a choice (replay only).
+        live_keys: {block address: trace event of its allocation} of the blocks allocated
+            when a replay stopped early (``stop_at``; blocks from before the recording left out).
+        restores: blocks a private pool's checkpoint put in place (CUDA-graph trees).
+        exact, bound_bytes, uncertain, *_range: a what-if's certainty (what_if()): exact when
+            nothing the snapshot leaves open can change its answer; else the reasons, the
+            range of peak / final reserved bytes and OOM counts over the alternatives explored,
+            and bound_bytes, the most the answer may be off by.
+    """
+
+    settings: str
+    matches_trace: bool | None = None
+    first_mismatch: dict[str, Any] | None = None
+    events_replayed: int = 0
+    allocated: array = dataclasses.field(default_factory=lambda: array("q"))
+    reserved: array = dataclasses.field(default_factory=lambda: array("q"))
+    final_reserved_bytes: int = 0
+    final_allocated_bytes: int = 0
+    peak_reserved_bytes: int = 0
+    peak_allocated_bytes: int = 0
+    peak_index: int = 0
+    oom_events: int = 0
+    oom_requests: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+    final_segments: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    requests: list[tuple] = dataclasses.field(default_factory=list)
+    initial: list[tuple[int, int, int, tuple[int, int]]] = dataclasses.field(default_factory=list)
+    marks: list[tuple[int, int, int]] = dataclasses.field(default_factory=list)
+    peak_event: int = 0
+    segment_log: list[tuple[str, int, int]] = dataclasses.field(default_factory=list)
+    pool_choices: int = 0
+    alternatives: list[list[tuple]] = dataclasses.field(default_factory=list)
+    open_keys: frozenset = frozenset()
+    live_keys: dict[int, int] = dataclasses.field(default_factory=dict)
+    restores: int = 0
+    exact: bool | None = None
+    bound_bytes: int = 0
+    uncertain: list[str] = dataclasses.field(default_factory=list)
+    peak_reserved_range_bytes: tuple[int, int] | None = None
+    final_reserved_range_bytes: tuple[int, int] | None = None
+    oom_events_range: tuple[int, int] | None = None
+
+    def summary(self) -> dict[str, Any]:
+        """The JSON fields of the doctor's report for this run."""
+        out = {"settings": self.settings}
+        if self.matches_trace is not None:
+            out["matches_trace"] = self.matches_trace
+            out["first_mismatch"] = self.first_mismatch
+        out.update(final_reserved_bytes=self.final_reserved_bytes, final_allocated_bytes=self.final_allocated_bytes,
+                   peak_reserved_bytes=self.peak_reserved_bytes, peak_allocated_bytes=self.peak_allocated_bytes,
+                   oom_events=self.oom_events)
+        if self.exact is not None:
+            out.update(exact=self.exact, bound_bytes=self.bound_bytes, uncertain=list(self.uncertain),
+                       peak_reserved_range_bytes=list(self.peak_reserved_range_bytes or ()),
+                       final_reserved_range_bytes=list(self.final_reserved_range_bytes or ()),
+                       oom_events_range=list(self.oom_events_range or ()))
+        return out
+
+
+def _finish(run: Run, eng: Engine) -> None:
+    # the peaks are the loops' own (tracked as they happen, with or without the series)
+    run.final_allocated_bytes = eng.allocated_bytes
+    run.final_reserved_bytes = eng.reserved_bytes
+    run.oom_events = len(run.oom_requests) + getattr(run, "_trace_ooms", 0)
+    run.final_segments = eng.segments()
+
+
+class _no_gc:
+    """The blocks' prev/next links are reference cycles: with thousands of live blocks the
+    cyclic collector would rescan them over and over during a replay, for nothing to free."""
+
+    def __enter__(self) -> None:
+        self.was = gc.isenabled()
+        gc.disable()
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.was:
+            gc.enable()
+
+
+def _addresses(mismatch: dict[str, Any]) -> set[int]:
+    """The addresses a mismatch is about: those in what was expected or got but not in both."""
+    def walk(x: Any, out: set) -> set:
+        if isinstance(x, bool):
+            return out
+        if isinstance(x, int):
+            out.add(x)
+        elif isinstance(x, (list, tuple)):
+            if len(x) == 3 and isinstance(x[0], str):
+                out.add(x[1])
+            else:
+                for y in x:
+                    walk(y, out)
+        return out
+    want, got = walk(mismatch.get("expected"), set()), walk(mismatch.get("got"), set())
+    return (want ^ got) or (want | got)

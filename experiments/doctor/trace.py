@@ -1,0 +1,573 @@
+"""Reading a memory snapshot's trace for the allocator doctor, without running any code.
+
+A snapshot is what ``torch.cuda.memory._snapshot()`` returns (or what
+``torch.cuda.memory._dump_snapshot(path)`` pickles): ``segments`` (the state at the end),
+``device_traces`` (per device, the events since ``_record_memory_history`` was turned on)
+and ``allocator_settings``. The doctor also reads its own compact JSON form
+(:func:`compact_snapshot`) and a recorded run of ``alloc.doctor_snapshots``.
+
+Files are opened by the one restricted, bounded loader (:mod:`experiments.doctor.loader`):
+a pickle that names a class or function is refused before anything in it runs, and every
+size is checked before the memory is spent. :func:`read` then checks the fields the doctor
+uses (types, ranges, and that the final blocks tile their segments) and keeps one device's
+trace as columns (:class:`Events`), about 30 bytes an event.
+
+Trace format: RULES.md §E.2 and ``torch/cuda/_memory_viz.py`` (``trace``,
+``segsum``): each entry has action (alloc, free_requested, free_completed, segment_alloc,
+segment_free, segment_map, segment_unmap, snapshot, oom), addr (device_free for oom), size
+(the unrounded request for alloc/free_*; bytes for segment_*) and stream.
+"""
+from __future__ import annotations
+
+import base64
+import dataclasses
+import zlib
+from array import array
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+from .engine import DEFAULT_POOL, Block, Engine, Segment
+from .loader import DEFAULT_LIMITS, ImpossibleTraceError, InputError, Limits, SnapshotError, load, trace_rows
+from .rules import (LARGE_BUFFER, SMALL_BUFFER, SMALL_SIZE, MiB, ROUNDUP_INTERVALS, AllocatorConfig, round_size)
+from .rows import ADDR_LIMIT, IGNORED_CODE, SIZE_LIMIT, Rows
+
+# Event codes: small ints keep the replay loop fast (the codes of experiments.doctor.unpickle).
+ALLOC, FREE_REQ, FREE_DONE, SEG_ALLOC, SEG_FREE, SEG_MAP, SEG_UNMAP, SNAPSHOT, OOM, UNKNOWN = range(10)
+ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
+           "segment_unmap", "snapshot", "oom")
+IGNORED_ACTIONS = ("annotate", "user_defined")   # markers that do not touch memory
+FORMAT = "memlab-snapshot-1"                      # the doctor's compact JSON form (compact_snapshot)
+
+
+class Events(Sequence):
+    """A trace's events as columns: ``codes`` (array of ALLOC ... OOM, UNKNOWN), ``addrs``
+    (device_free for OOM), ``sizes`` and ``streams`` (arrays of int64). ``events[i]`` is the
+    tuple (code, addr, size, stream); iterating yields those tuples."""
+
+    __slots__ = ("codes", "addrs", "sizes", "streams")
+
+    def __init__(self, codes: Any = None, addrs: Any = None, sizes: Any = None, streams: Any = None) -> None:
+        self.codes = codes if codes is not None else array("B")
+        self.addrs = addrs if addrs is not None else array("q")
+        self.sizes = sizes if sizes is not None else array("q")
+        self.streams = streams if streams is not None else array("q")
+
+    @classmethod
+    def of(cls, events: Sequence[tuple[int, int, int, int]]) -> "Events":
+        """From (code, addr, size, stream) tuples (tests, synthetic traces)."""
+        if isinstance(events, Events):
+            return events
+        out = cls()
+        for c, a, s, st in events:
+            out.append(c, a, s, st)
+        return out
+
+    def append(self, code: int, addr: int, size: int, stream: int) -> None:
+        self.codes.append(code)
+        self.addrs.append(addr)
+        self.sizes.append(size)
+        self.streams.append(stream)
+
+    def __len__(self) -> int:
+        return len(self.codes)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        return (self.codes[i], self.addrs[i], self.sizes[i], self.streams[i])
+
+    def __iter__(self) -> Iterator[tuple[int, int, int, int]]:
+        return zip(self.codes, self.addrs, self.sizes, self.streams)
+
+    def __reversed__(self) -> Iterator[tuple[int, int, int, int]]:
+        return zip(reversed(self.codes), reversed(self.addrs), reversed(self.sizes), reversed(self.streams))
+
+    def __eq__(self, other: Any) -> bool:
+        return list(self) == list(other) if isinstance(other, (Events, list, tuple)) else NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+@dataclasses.dataclass
+class Trace:
+    """One device's trace, normalised.
+
+    Attributes:
+        events: :class:`Events` (code, addr, size, stream), code one of ALLOC ... OOM; for
+            OOM the addr is device_free.
+        segments: the final state: dicts with address, total_size, stream, pool ('small' or
+            'large'), pool_id (tuple), is_expandable and blocks [(address, size, requested, state)].
+        settings: the ``PYTORCH_CUDA_ALLOC_CONF`` string the program ran with ('' for defaults).
+        config: those settings as an AllocatorConfig.
+        total_memory: the device's memory in bytes if the snapshot says (None otherwise).
+        cap_bytes: the memory cap if the snapshot says (None otherwise).
+        skipped: how many entries of ignored kinds (annotations) were dropped.
+        unknown: {event index: action} of entries of kinds the doctor does not know (their
+            code is UNKNOWN; the replay stops at the first).
+        stacks: per event, an index into ``stack_table`` (-1: no stack recorded), or None
+            when the snapshot has no stacks; ``stack_table`` holds each stack as a tuple of
+            (filename, line, name), innermost frame first.
+        block_stacks: {block address: stack} for the blocks of the final state that carry one.
+    """
+
+    events: Events
+    segments: list[dict[str, Any]]
+    settings: str
+    config: AllocatorConfig
+    total_memory: int | None = None
+    cap_bytes: int | None = None
+    skipped: int = 0
+    unknown: dict[int, str] = dataclasses.field(default_factory=dict)
+    stacks: Any = None
+    stack_table: list[tuple] = dataclasses.field(default_factory=list)
+    block_stacks: dict[int, tuple] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.events, Events):
+            self.events = Events.of(self.events)
+
+    def frames(self, event: int) -> list[tuple[str, int, str]]:
+        """The stack recorded with trace event ``event``: (filename, line, name), innermost first."""
+        if self.stacks is None or not 0 <= event < len(self.stacks):
+            return []
+        s = self.stacks[event]
+        return list(self.stack_table[s]) if s >= 0 else []
+
+
+def _setting(settings: Mapping[str, Any], name: str, kinds: tuple[type, ...], default: Any) -> Any:
+    v = settings.get(name, default)
+    if v is None:
+        return default
+    if type(v) not in kinds:
+        raise SnapshotError(f"allocator_settings: '{name}' must be {' or '.join(k.__name__ for k in kinds)}, "
+                            f"got {type(v).__name__} {str(v)[:40]!r}")
+    return v
+
+
+def config_from_snapshot(settings: Mapping[str, Any] | None) -> tuple[str, AllocatorConfig]:
+    """(settings string, AllocatorConfig) from a snapshot's ``allocator_settings`` dict.
+
+    The dict (torch 2.1+) holds the parsed values: max_split_size (-1 = unlimited),
+    garbage_collection_threshold, expandable_segments, roundup_power2_divisions keyed by
+    the MiB boundary of each interval ('1', '2', ... '32768'), and the raw
+    PYTORCH_CUDA_ALLOC_CONF string; options the dict lacks (large_segment_size_mb,
+    max_non_split_rounding_mb) are read from that string.
+
+    Raises:
+        SnapshotError: a field of the wrong type, or values the allocator would not accept
+            (the message names the field).
+    """
+    if settings is None or (isinstance(settings, Mapping) and not settings):
+        return "", AllocatorConfig()
+    if not isinstance(settings, Mapping):
+        raise SnapshotError(f"'allocator_settings' must be a dict, got {type(settings).__name__}")
+    text = _setting(settings, "PYTORCH_CUDA_ALLOC_CONF", (str,), "")
+    try:
+        kw: dict[str, Any] = {}
+        mss = _setting(settings, "max_split_size", (int,), -1)
+        if 0 < mss < (1 << 62):
+            kw["max_split_size"] = mss
+        gc = _setting(settings, "garbage_collection_threshold", (int, float), 0)
+        if gc:
+            kw["garbage_collection_threshold"] = float(gc)
+        kw["expandable_segments"] = _setting(settings, "expandable_segments", (bool,), False)
+        rd = _setting(settings, "roundup_power2_divisions", (dict,), {})
+        if rd:
+            table = [0] * ROUNDUP_INTERVALS
+            for k, v in list(rd.items())[:64]:
+                if type(k) is not str or not k.isdigit() or len(k) > 8 or type(v) is not int:
+                    raise SnapshotError(f"allocator_settings: 'roundup_power2_divisions' maps MiB sizes to "
+                                        f"division counts, got {str(k)[:20]!r}: {str(v)[:20]!r}")
+                idx = min(max(int(k).bit_length() - 1, 0), ROUNDUP_INTERVALS - 1)
+                table[idx] = v
+            kw["roundup_divisions"] = tuple(table)
+        if text:
+            from ..core.alloc_conf import parse
+
+            extra = parse(text)
+            if "large_segment_size_mb" in extra:
+                kw["large_segment_size"] = int(extra["large_segment_size_mb"]) * MiB
+            if "max_non_split_rounding_mb" in extra:
+                kw["max_non_split_rounding"] = int(extra["max_non_split_rounding_mb"]) * MiB
+        return text, AllocatorConfig(**kw)
+    except SnapshotError:
+        raise
+    except (TypeError, ValueError) as e:
+        raise SnapshotError(f"the snapshot's allocator_settings are not valid: {e}") from None
+
+
+def _int_field(obj: Mapping[str, Any], name: str, where: str, limit: int, default: Any = ...) -> int:
+    v = obj.get(name, default)
+    if v is ...:
+        raise SnapshotError(f"{where}: '{name}' is missing")
+    if type(v) is not int or not 0 <= v < limit:
+        text = repr(v)
+        raise SnapshotError(f"{where}: '{name}' must be a whole number in [0, {limit:#x}), got "
+                            f"{text if len(text) < 50 else text[:47] + '...'}")
+    return v
+
+
+def _segments(snap: Mapping[str, Any], device: int, limits: Limits) -> tuple[list[dict[str, Any]], dict[int, tuple]]:
+    """The final state, checked: types, ranges, blocks that tile their segment, no overlaps."""
+    raw = snap.get("segments")
+    if isinstance(raw, (str, bytes, Mapping)) or not isinstance(raw, Sequence):
+        raise SnapshotError(f"'segments' must be a list, got {type(raw).__name__}")
+    if len(raw) > limits.max_segments:
+        raise SnapshotError(f"{len(raw):,} segments is over the limit of {limits.max_segments:,}")
+    for k, s in enumerate(raw):
+        if not isinstance(s, Mapping):
+            raise SnapshotError(f"segments[{k}] must be a dict, got {type(s).__name__}")
+        bl = s.get("blocks")
+        if isinstance(bl, (str, bytes, Mapping)) or not isinstance(bl, Sequence):
+            raise SnapshotError(f"segments[{k}]: 'blocks' must be a list, got {type(bl).__name__}")
+    # lengths first: shared references can make a small file describe billions of blocks
+    nblocks = sum(len(s["blocks"]) for s in raw)
+    if nblocks > limits.max_blocks:
+        raise SnapshotError(f"the segments hold {nblocks:,} blocks, over the limit of {limits.max_blocks:,}")
+    out, stacks = [], {}
+    for k, s in enumerate(raw):
+        where = f"segments[{k}]"
+        dev = s.get("device", device)
+        if type(dev) is not int:
+            raise SnapshotError(f"{where}: 'device' must be a whole number, got {type(dev).__name__}")
+        if dev != device:
+            continue
+        addr = _int_field(s, "address", where, ADDR_LIMIT)
+        total = _int_field(s, "total_size", where, SIZE_LIMIT)
+        stream = _int_field(s, "stream", where, ADDR_LIMIT, 0)
+        pool = s.get("segment_type", "large")
+        if pool not in ("small", "large"):
+            raise SnapshotError(f"{where}: 'segment_type' must be 'small' or 'large', got {str(pool)[:20]!r}")
+        pid = s.get("segment_pool_id") or (0, 0)
+        if not isinstance(pid, (list, tuple)) or len(pid) != 2 or any(type(x) is not int for x in pid):
+            raise SnapshotError(f"{where}: 'segment_pool_id' must be a pair of whole numbers, got {str(pid)[:40]}")
+        expandable = s.get("is_expandable", False)
+        if type(expandable) is not bool:
+            raise SnapshotError(f"{where}: 'is_expandable' must be True or False, got {str(expandable)[:20]}")
+        blocks = []
+        for j, b in enumerate(s["blocks"]):
+            bw = f"{where}.blocks[{j}]"
+            if isinstance(b, Mapping):
+                ba = _int_field(b, "address", bw, ADDR_LIMIT)
+                bs = _int_field(b, "size", bw, SIZE_LIMIT)
+                req = _int_field(b, "requested_size", bw, SIZE_LIMIT, 0)
+                st = b.get("state")
+                fr = b.get("frames")
+                if fr:
+                    stacks[ba] = _stack_of(fr)
+            elif isinstance(b, (list, tuple)) and len(b) == 4:
+                ba, bs, req, st = b
+                for name, v, lim in (("address", ba, ADDR_LIMIT), ("size", bs, SIZE_LIMIT), ("requested_size", req, SIZE_LIMIT)):
+                    _int_field({name: v}, name, bw, lim)
+            else:
+                raise SnapshotError(f"{bw} must be a dict or [address, size, requested_size, state]")
+            if st not in ("active_allocated", "active_pending_free", "inactive"):
+                raise SnapshotError(f"{bw}: 'state' must be active_allocated, active_pending_free or inactive, "
+                                    f"got {str(st)[:30]!r}")
+            blocks.append((ba, bs, req, st))
+        blocks.sort()
+        pos = addr
+        for j, (ba, bs, _, _) in enumerate(blocks):
+            if ba != pos:
+                what = "overlaps the block before it" if ba < pos else "leaves a gap before it"
+                raise SnapshotError(f"{where}: the block at {ba:#x} {what} (blocks must tile their segment; an "
+                                    "impossible layout)")
+            pos = ba + bs
+        if blocks and pos != addr + total:
+            raise SnapshotError(f"{where}: its blocks add up to {pos - addr:,} bytes, not its total_size {total:,}")
+        out.append({"address": addr, "total_size": total, "stream": stream, "pool": pool,
+                    "pool_id": (pid[0], pid[1]), "is_expandable": expandable, "blocks": blocks})
+    out.sort(key=lambda s: s["address"])
+    for a, b in zip(out, out[1:]):
+        if a["address"] + a["total_size"] > b["address"]:
+            raise SnapshotError(f"the segments at {a['address']:#x} and {b['address']:#x} overlap (an impossible layout)")
+    return out, stacks
+
+
+def _stack_of(frames: Any) -> tuple:
+    if isinstance(frames, tuple):            # a stack the loader already interned
+        return frames
+    if not isinstance(frames, list):
+        return ()
+    return tuple((str(f.get("filename", "?"))[:500], f.get("line") if type(f.get("line")) is int else 0,
+                  str(f.get("name", "?"))[:200]) for f in frames[:200] if isinstance(f, Mapping))
+
+
+def read(source: str | Path | bytes | Mapping[str, Any], device: int = 0, limits: Limits = DEFAULT_LIMITS) -> Trace:
+    """Load a snapshot (:func:`experiments.doctor.loader.load`) and normalise one device's trace.
+
+    Raises:
+        SnapshotError: not a snapshot, a field of the wrong type or out of range, an
+            impossible layout (named by field, segment or trace entry), or a limit exceeded.
+    """
+    if isinstance(device, bool) or not isinstance(device, int) or device < 0:
+        raise SnapshotError(f"device must be a device index >= 0, got {device!r}")
+    snap = load(source, limits)
+    rows = trace_rows(snap, device, limits)
+    events, stacks, unknown, skipped = _events_of(rows)
+    if 0 in events.sizes:
+        for i, (c, s) in enumerate(zip(events.codes, events.sizes)):
+            if s == 0 and c != SNAPSHOT and c != UNKNOWN:
+                raise ImpossibleTraceError(f"trace entry {i} ({ACTIONS[c]}): 'size' is 0 (the allocator never "
+                                           "records a zero-byte request or segment; an impossible trace)")
+    segments, block_stacks = _segments(snap, device, limits)
+    text, config = config_from_snapshot(snap.get("allocator_settings"))
+    recorded = snap.get("recorded_settings")
+    if not text and recorded:
+        if not isinstance(recorded, str):
+            raise SnapshotError(f"'recorded_settings' must be a string, got {type(recorded).__name__}")
+        text = recorded
+    total = snap.get("device_total_bytes")
+    cap = snap.get("memory_cap_bytes")
+    for name, v in (("device_total_bytes", total), ("memory_cap_bytes", cap)):
+        if v is not None and (type(v) is not int or not 0 <= v < SIZE_LIMIT):
+            raise SnapshotError(f"'{name}' must be a whole number of bytes in [0, {SIZE_LIMIT:#x}), got {str(v)[:40]!r}")
+    return Trace(events, segments, text, config, total or None, cap or None, skipped, unknown,
+                 stacks, rows.stack_table, block_stacks)
+
+
+def _events_of(rows: Rows) -> tuple[Events, Any, dict[int, str], int]:
+    """Rows -> Events, dropping annotations; the columns are shared when there are none."""
+    codes = rows.codes
+    if IGNORED_CODE not in codes:
+        return Events(codes, rows.addrs, rows.sizes, rows.streams), rows.stacks, dict(rows.unknown), 0
+    keep = [i for i, c in enumerate(codes) if c != IGNORED_CODE]
+    ev = Events(array("B", [codes[i] for i in keep]), array("q", [rows.addrs[i] for i in keep]),
+                array("q", [rows.sizes[i] for i in keep]), array("q", [rows.streams[i] for i in keep]))
+    new_index = {old: new for new, old in enumerate(keep)}
+    unknown = {new_index[i]: a for i, a in rows.unknown.items() if i in new_index}
+    stacks = array("i", [rows.stacks[i] for i in keep]) if rows.stacks is not None else None
+    return ev, stacks, unknown, len(codes) - len(keep)
+
+
+def compact_snapshot(snap: Mapping[str, Any], device: int = 0) -> dict[str, Any]:
+    """The doctor's compact JSON form of a ``torch.cuda.memory._snapshot()`` dict.
+
+    Returns:
+        dict with format ('memlab-snapshot-1'); trace_z: the trace of ``device`` as text,
+        one line 'action addr size stream' per entry (for 'oom' the addr slot holds
+        device_free), zlib-compressed and base64-encoded so that a recorded file stays small
+        and one JSON string; trace_events (the number of entries); segments (per segment:
+        address, total_size, stream, segment_type, segment_pool_id, is_expandable, blocks as
+        [address, size, requested_size, state]) and allocator_settings. Frames, times and
+        annotations are dropped: the doctor does not need them.
+    """
+    traces = snap.get("device_traces") or [[]]
+    trace = traces[device] if device < len(traces) else []
+    lines = []
+    for e in trace:
+        addr = e.get("device_free", 0) if e["action"] == "oom" else e.get("addr", 0)
+        lines.append(f"{e['action']} {int(addr)} {int(e.get('size', 0))} {int(e.get('stream', 0))}")
+    packed = base64.b64encode(zlib.compress("\n".join(lines).encode(), 9)).decode()
+    segs = []
+    for s in snap.get("segments", []):
+        if int(s.get("device", 0)) != device:
+            continue
+        segs.append({
+            "address": int(s["address"]), "total_size": int(s["total_size"]), "stream": int(s.get("stream", 0)),
+            "segment_type": s.get("segment_type", "large"),
+            "segment_pool_id": [int(x) for x in s.get("segment_pool_id", (0, 0))],
+            "is_expandable": bool(s.get("is_expandable", False)),
+            "blocks": [[int(b["address"]), int(b["size"]), int(b.get("requested_size", 0)), str(b["state"])]
+                       for b in s["blocks"]],
+        })
+    settings = snap.get("allocator_settings", {})
+    return {"format": FORMAT, "trace_events": len(lines), "trace_z": packed, "segments": segs,
+            "allocator_settings": {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in settings.items()}}
+
+
+@dataclasses.dataclass
+class StartState:
+    """What :func:`starting_state` rebuilt: blocks as (address, engine block, stream, pool id),
+    segment or range bases as (base, size, pool id), their reserved bytes, and a reason when
+    the start could not be rebuilt (None if it could)."""
+
+    blocks: list[tuple[int, Any, int, tuple[int, int]]] = dataclasses.field(default_factory=list)
+    bases: list[tuple[int, int, tuple[int, int]]] = dataclasses.field(default_factory=list)
+    reserved: int = 0
+    unsupported: str | None = None
+
+
+
+def seed_segment(engine: Engine, addr: int, size: int, stream: int, pool_id: tuple[int, int], small: bool,
+                 blocks: list[tuple[int, int, int]], *, expandable: bool = False,
+                 mapped: list[tuple[int, int]] | None = None) -> dict[int, Any]:
+    """Create a segment that existed before a trace began (for late-started recordings).
+
+    Args:
+        blocks: live blocks as (address, size, requested_size) inside the segment; the
+            gaps become free blocks (merged, in the free lists).
+        mapped: for an expandable range, the mapped runs as (address, size); the rest of
+            the range stays unmapped.
+
+    Returns:
+        {address: block} of the live blocks.
+    """
+    seg = Segment(addr, size, stream, pool_id, small, expandable)
+    engine._segments[addr] = seg
+    if expandable:
+        engine._ranges.setdefault((pool_id, small, stream), []).append(seg)
+    fl = engine._list(pool_id, small, stream)
+    pieces: list[tuple[int, int, str, int]] = []
+    runs = sorted(mapped or [(addr, size)])
+    live = sorted(blocks)
+    pos = addr
+    for ra, rs in runs:
+        if ra > pos:
+            pieces.append((pos, ra - pos, "unmapped", 0))
+        p = ra
+        for ba, bs, req in live:
+            if ra <= ba < ra + rs:
+                if ba > p:
+                    pieces.append((p, ba - p, "free", 0))
+                pieces.append((ba, bs, "live", req))
+                p = ba + bs
+        if p < ra + rs:
+            pieces.append((p, ra + rs - p, "free", 0))
+        pos = ra + rs
+        engine.reserved_bytes += rs
+    if pos < addr + size:
+        pieces.append((pos, addr + size - pos, "unmapped", 0))
+    out, prev = {}, None
+    for pa, ps, kind, req in pieces:
+        b = Block(pa, ps, seg, prev, None, mapped=kind != "unmapped")
+        if prev is None:
+            seg.head = b
+        else:
+            prev.next = b
+        prev = b
+        if kind == "live":
+            b.allocated, b.requested = True, req
+            engine.allocated_bytes += ps
+            engine.active_bytes += ps
+            out[pa] = b
+        elif kind == "free":
+            engine._insert_free(fl, b)
+        else:
+            fl.unmapped[pa] = b
+    return out
+
+
+
+def starting_state(trace: Trace, engine: Any) -> StartState:
+    """The segments and blocks that existed before a late-started recording, put into ``engine``.
+
+    Segments released in the trace that it never created, blocks freed that it never
+    allocated, and those of the final state that the trace never made, rebuilt in place:
+    ordinary segments with their live blocks and the gaps free; expandable ranges from the
+    final mapped runs with the trace's maps taken away and its unmaps put back.
+    """
+    ev = trace.events
+    state = StartState()
+    final_pool = {s["address"]: s["pool_id"] for s in trace.segments}
+    live_segs: set[int] = set()
+    live_blocks: set[int] = set()
+    init_segs: dict[int, tuple[int, int]] = {}
+    init_blocks: dict[int, tuple[int, int]] = {}
+    for code, addr, size, stream in ev:
+        if code == SEG_ALLOC:
+            live_segs.add(addr)
+        elif code == SEG_FREE:
+            if addr not in live_segs:
+                init_segs.setdefault(addr, (size, stream))
+            live_segs.discard(addr)
+        elif code == ALLOC:
+            live_blocks.add(addr)
+        elif code == FREE_REQ:
+            if addr not in live_blocks:
+                init_blocks.setdefault(addr, (size, stream))
+                live_blocks.add(addr)
+        elif code == FREE_DONE:
+            live_blocks.discard(addr)
+    final_blocks = {}
+    for s in trace.segments:
+        if not s["is_expandable"] and s["address"] not in live_segs and s["address"] not in init_segs:
+            init_segs[s["address"]] = (s["total_size"], s["stream"])
+        for a, size, req, st in s["blocks"]:
+            if st != "inactive" and a not in live_blocks and a not in init_blocks:
+                final_blocks[a] = (size, req)
+    if not init_segs and not init_blocks and not final_blocks:
+        return state
+    if trace.config.expandable_segments:
+        _seed_ranges(trace, engine, state, init_blocks, final_blocks)
+        return state
+    cfg = trace.config
+    for base in sorted(init_segs):
+        size, stream = init_segs[base]
+        pool = final_pool.get(base, DEFAULT_POOL)
+        blocks = []
+        for a, (req, _) in init_blocks.items():
+            if base <= a < base + size:
+                blocks.append((a, round_size(max(req, 1), cfg), req))
+        for a, (bsize, req) in final_blocks.items():
+            if base <= a < base + size:
+                blocks.append((a, bsize, req))
+        small = size <= 2 * SMALL_SIZE and all(b[1] <= SMALL_SIZE for b in blocks)
+        if not small:
+            # A large-pool block is > 1 MiB, so a gap of at most 1 MiB after a live block is
+            # the remainder that block's split did not cut off (§A.7): it belongs to the block.
+            blocks.sort()
+            for k, (a, n, req) in enumerate(blocks):
+                end = blocks[k + 1][0] if k + 1 < len(blocks) else base + size
+                if 0 < end - (a + n) <= SMALL_SIZE:
+                    blocks[k] = (a, end - a, req)
+        made = seed_segment(engine, base, size, stream, pool, small, blocks)
+        state.bases.append((base, size, pool))
+        state.reserved += size
+        state.blocks += [(a, blk, stream, pool) for a, blk in sorted(made.items())]
+    return state
+
+def _seed_ranges(trace: Trace, engine: Any, state: "StartState", init_blocks: dict[int, tuple[int, int]],
+                 final_blocks: dict[int, tuple[int, int]]) -> None:
+    """Expandable segments at the start: the final mapped runs, with the trace's maps taken
+    away and its unmaps put back (walking it backwards), grouped into one range per
+    (stream, pool); a range's base is taken as its lowest mapped address."""
+    eng, ev = engine, trace.events
+    groups: list[dict[str, Any]] = []
+
+    def find(addr: int, stream: int) -> dict[str, Any] | None:
+        return next((g for g in groups if g["stream"] == stream and abs(addr - g["base"]) < g["size"]), None)
+
+    for s in sorted((s for s in trace.segments if s["is_expandable"]), key=lambda s: s["address"]):
+        g = find(s["address"], s["stream"])
+        if g is None:
+            small = s["pool"] == "small"
+            g = {"base": s["address"], "size": eng.range_size(small), "stream": s["stream"],
+                 "pool": s["pool_id"], "small": small, "pages": set()}
+            groups.append(g)
+        g["pages"] |= set(range(s["address"], s["address"] + s["total_size"], SMALL_BUFFER))
+    for code, addr, size, stream in reversed(ev):
+        if code not in (SEG_MAP, SEG_UNMAP):
+            continue
+        g = find(addr, stream)
+        if g is None:
+            small = size % LARGE_BUFFER != 0
+            g = {"base": addr, "size": eng.range_size(small), "stream": stream, "pool": DEFAULT_POOL,
+                 "small": small, "pages": set()}
+            groups.append(g)
+        span = set(range(addr, addr + size, SMALL_BUFFER))   # 2 MiB granules of the pages
+        g["pages"] = g["pages"] - span if code == SEG_MAP else g["pages"] | span
+    cfg = trace.config
+    for g in groups:
+        if not g["pages"]:
+            continue           # the range was made during the recording
+        pages = sorted(g["pages"])
+        base = min(g["base"], pages[0])
+        runs, start = [], pages[0]
+        for a, b in zip(pages, pages[1:] + [None]):
+            if b != a + SMALL_BUFFER:
+                runs.append((start, a + SMALL_BUFFER - start))
+                start = b
+        inside = [(a, round_size(max(req, 1), cfg), req) for a, (req, _) in init_blocks.items()
+                  if a in g["pages"] or (a // SMALL_BUFFER) * SMALL_BUFFER in g["pages"]]
+        inside += [(a, n, req) for a, (n, req) in final_blocks.items()
+                   if (a // SMALL_BUFFER) * SMALL_BUFFER in g["pages"]]
+        made = seed_segment(eng, base, g["size"], g["stream"], g["pool"], g["small"], inside, expandable=True,
+                            mapped=runs)
+        state.bases.append((base, g["size"], g["pool"]))
+        state.reserved += sum(n for _, n in runs)
+        state.blocks += [(a, blk, g["stream"], g["pool"]) for a, blk in sorted(made.items())]
+
+
+__all__ = ["ACTIONS", "Events", "FORMAT", "InputError", "compact_snapshot", "SnapshotError", "StartState", "Trace", "config_from_snapshot", "load", "read", "seed_segment",
+           "starting_state"]

@@ -1,0 +1,250 @@
+"""What-ifs: the requests of an exact replay, run again under other allocator settings or a cap.
+
+:func:`what_if` takes the request list that :func:`experiments.doctor.replay.replay` recovered
+from a trace (alloc, free_requested, free_completed, inferred empty_cache, failed requests)
+and runs it on a fresh :class:`experiments.doctor.engine.Engine` under another
+:class:`experiments.doctor.rules.AllocatorConfig` and cap. While the what-if makes the same
+driver calls as the recorded run it takes the GPU's segment addresses; from the first
+difference on, addresses of its own. A request that does not fit is counted and skipped
+(its frees too).
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from .engine import Engine, EngineOutOfMemory
+from .loader import InputError
+from .replay import (R_ALLOC, R_EMPTY, R_FREE_DONE, R_FREE_REQ, R_FREEABLE, R_RESTORE, R_RETRY, Run, _finish,
+                     _no_gc)
+from .rules import LARGE_BUFFER as LARGE_PAGE, SMALL_BUFFER, AllocatorConfig, get_allocation_size
+
+
+def what_if(base: Run, config: AllocatorConfig, settings: str, *, cap_bytes: int | None = None,
+            total_memory: int = 150_109_880_320, stop_at: int | None = None,
+            series: bool = True) -> tuple[Run, Engine]:
+    """Run the requests of a replay under ``config`` (and ``cap_bytes``) on a fresh engine.
+
+    The answer is exact (``run.exact``) when nothing the snapshot leaves open can change it.
+    Four things can (``run.uncertain`` names them):
+
+    * "record_stream completion timing": a block freed after ``record_stream`` returns to its
+      pool when the GPU has passed its events, which a run under other settings may do at
+      another point of the program (``process_events`` polls at each malloc); the recorded
+      points are kept, and the answer may be off by the bytes such blocks held when a request
+      came (their segment sizes: ``get_allocation_size`` each, the small pool's together);
+    * "pool attribution": the trace agrees with more than one assignment of new segments to
+      pools (``Run.alternatives`` of the replay): each is run too;
+    * "driver address order": once the what-if's calls to the driver differ from the recorded
+      run's, its new segments have addresses of its own, and a best-fit choice between equal
+      blocks of different segments was decided by them (``Engine.address_ties``): the what-if
+      is run again with the opposite address order;
+    * "pool checkpoint restores": CUDA-graph trees put blocks where a checkpoint held them;
+      a what-if places them by best fit, and is run again without them;
+    * "lifetime of requests that failed in the recording": a request that ran out of memory
+      on the GPU but fits here is freed at once (as a probe is); the program may have kept it:
+      run again with such blocks kept to the end.
+
+    ``run.bound_bytes`` is the most the peak or final reserved bytes may be off by (0 when
+    exact): the largest difference between the answers of those runs, plus the timing bytes,
+    and for pool attribution at least the bytes the open requests held at once (rounded up to
+    20 MiB). ``run.peak_reserved_range_bytes`` and ``final_reserved_range_bytes`` are the answer
+    ± that bound; ``oom_events_range`` spans the OOM counts of those runs. The bound is what the
+    doctor can compute from one snapshot, not a proof: tests/test_doctor_cases.py checks it
+    against the GPU's own runs under each setting.
+
+    ``series``: keep allocated and reserved bytes after every request (for the figure; the
+    peaks are kept either way; the runs that bound the answer never keep them).
+
+    Returns:
+        (the Run, the engine after the last request processed; ``stop_at`` stops after that
+        many requests, e.g. to read the layout at the peak).
+    """
+    with _no_gc():
+        run, eng = _run_requests(base, base.requests, config, settings, cap_bytes, total_memory, stop_at,
+                                 series=series)
+        if stop_at is None:
+            _certainty(run, eng, base, config, settings, cap_bytes, total_memory)
+    return run, eng
+
+
+def _certainty(run: Run, eng: Engine, base: Run, config: AllocatorConfig, settings: str, cap_bytes: int | None,
+               total_memory: int) -> None:
+    others: list[Run] = []
+    uncertain = []
+    timing = getattr(run, "_timing_bytes", 0)
+    if timing:
+        uncertain.append("record_stream completion timing")
+    attribution = 0
+    if base.alternatives:
+        uncertain.append("pool attribution")
+        others += [_run_requests(base, reqs, config, settings, cap_bytes, total_memory, None)[0]
+                   for reqs in base.alternatives]
+        # requests of a pool the trace leaves open share, or do not share, cached blocks with
+        # another pool's: at most the bytes they held at once, rounded up to a large page
+        attribution = -(-getattr(run, "_open_bytes", 0) // LARGE_PAGE) * LARGE_PAGE
+    if eng.address_ties:
+        uncertain.append("driver address order")
+        others.append(_run_requests(base, base.requests, config, settings, cap_bytes, total_memory, None,
+                                    address_order="up")[0])
+    if base.restores:
+        uncertain.append("pool checkpoint restores")
+        others.append(_run_requests(base, [r for r in base.requests if r[0] != R_RESTORE], config, settings,
+                                    cap_bytes, total_memory, None)[0])
+    if getattr(run, "_retries_fit", 0):
+        # it failed on the GPU, so the trace does not say how long the program would have kept it
+        uncertain.append("lifetime of requests that failed in the recording")
+        others.append(_run_requests(base, base.requests, config, settings, cap_bytes, total_memory, None,
+                                    keep_retries=True)[0])
+    runs = [run] + others
+    dev = max(max(abs(o.peak_reserved_bytes - run.peak_reserved_bytes),
+                  abs(o.final_reserved_bytes - run.final_reserved_bytes)) for o in runs)
+    run.exact = not uncertain
+    run.uncertain = uncertain
+    run.bound_bytes = max(dev, attribution) + timing
+    bound = run.bound_bytes
+    run.peak_reserved_range_bytes = (max(0, run.peak_reserved_bytes - bound), run.peak_reserved_bytes + bound)
+    run.final_reserved_range_bytes = (max(0, run.final_reserved_bytes - bound), run.final_reserved_bytes + bound)
+    ooms = [o.oom_events for o in runs]
+    run.oom_events_range = (min(ooms), max(ooms))
+
+
+class _DriverSync:
+    """Follows a recorded run's driver calls while a what-if makes the same ones (see what_if)."""
+
+    def __init__(self, log: Sequence[tuple[str, int, int]], eng: Engine):
+        self.log, self.eng, self.pos, self.on, self.seen = log, eng, 0, bool(log), 0
+
+    def follow(self) -> None:
+        """Check the releases of the operation just done against the log (as a set: the
+        allocator walks hash maps of streams and pools to release)."""
+        frees = sorted(e for e in self.eng.events[self.seen:] if e[0] == "segment_free")
+        self.seen = 0
+        if not frees:
+            return
+        nxt = self.log[self.pos:self.pos + len(frees)]
+        if sorted(nxt) == frees:
+            self.pos += len(frees)
+        else:
+            self.on = False
+
+    def address(self, size: int) -> int | None:
+        if not self.on:
+            return None
+        self.follow()
+        self.seen = len(self.eng.events)
+        want = "range" if self.eng.config.expandable_segments else "segment_alloc"
+        if self.on and self.pos < len(self.log):
+            a, addr, s = self.log[self.pos]
+            if a == want and s == size and self.eng.is_free_range(addr, size):
+                self.pos += 1
+                return addr
+        self.on = False
+        return None
+
+
+def _run_requests(base: Run, requests: Sequence[tuple], config: AllocatorConfig, settings: str,
+                  cap_bytes: int | None, total_memory: int, stop_at: int | None,
+                  address_order: str = "down", keep_retries: bool = False,
+                  series: bool = False) -> tuple[Run, Engine]:
+    eng = Engine(config, cap_bytes=cap_bytes, total_memory=total_memory, address_order=address_order)
+    # The driver picks segment addresses from the history of cudaMalloc and cudaFree calls.
+    # While the what-if makes the same calls as the GPU's run, in the same order, it takes
+    # the GPU's addresses (ties between equal free blocks go by address); from the first
+    # difference on, addresses of its own.
+    sync = _DriverSync(base.segment_log, eng)
+    address = sync.address
+    eng.address_hook = address
+    run = Run(settings)
+    blocks: dict[int, Any] = {}
+    for key, req, stream, pool in base.initial:
+        try:
+            blocks[key] = eng.malloc(max(req, 1), stream, pool)
+        except EngineOutOfMemory:
+            run.oom_requests.append((-1, req))
+    malloc, free_req, free_done, empty = eng.malloc, eng.free_requested, eng.free_completed, eng.empty_cache
+    is_pending = eng.is_pending
+    alloc_a, res_a = run.allocated, run.reserved
+    peak_a, peak_r, peak_k = 0, -1, 0
+    timing = retries_fit = 0
+    open_keys, open_live, open_peak = base.open_keys, 0, 0
+    k = -1
+    for k, r in enumerate(requests if stop_at is None else requests[:max(stop_at, 0)]):
+        kind = r[0]
+        if eng.pending_count and (kind == R_ALLOC or kind == R_RESTORE or kind == R_RETRY):
+            timing = max(timing, _pending_bound(eng))
+        if kind == R_ALLOC or kind == R_RESTORE:
+            try:
+                blocks[r[1]] = b = malloc(r[2], r[3], r[4])
+                if open_keys and r[1] in open_keys:
+                    open_live += b.size
+                    open_peak = max(open_peak, open_live)
+            except EngineOutOfMemory:
+                run.oom_requests.append((k, r[2]))
+        elif kind == R_FREE_REQ:
+            b = blocks.get(r[1])
+            if b is not None:
+                free_req(b)
+                if open_keys and r[1] in open_keys:
+                    open_live -= b.size
+        elif kind == R_FREE_DONE:
+            b = blocks.pop(r[1], None)
+            # a sync of this what-if's own out-of-memory path may have completed it already
+            if b is not None and is_pending(b):
+                free_done(b)
+        elif kind == R_EMPTY:
+            empty(r[1])
+        elif kind == R_FREEABLE:
+            eng.freeable.update(r[1])
+        elif kind == R_RETRY:  # a request that failed on the GPU: try it, and drop it at once if it fits
+            try:
+                b = malloc(r[1], r[2], r[3])
+                retries_fit += 1
+                if not keep_retries:
+                    free_req(b)
+                    free_done(b)
+            except EngineOutOfMemory:
+                run.oom_requests.append((k, r[1]))
+        if sync.on and eng.events:
+            sync.follow()
+        # the values after each request: peaks always, the series when asked
+        a, b_r = eng.allocated_bytes, eng.reserved_bytes
+        if a > peak_a:
+            peak_a = a
+        if b_r > peak_r:
+            peak_r, peak_k = b_r, k
+        if series:
+            alloc_a.append(a)
+            res_a.append(b_r)
+    run.events_replayed = k + 1
+    run.peak_allocated_bytes, run.peak_reserved_bytes, run.peak_index = peak_a, max(peak_r, 0), max(peak_k, 0)
+    run._timing_bytes = timing  # type: ignore[attr-defined]
+    run._open_bytes = open_peak  # type: ignore[attr-defined]
+    run._retries_fit = retries_fit  # type: ignore[attr-defined]
+    _finish(run, eng)
+    return run, eng
+
+
+def _pending_bound(eng: Engine) -> int:
+    # The memory a request might need anew if the blocks waiting on record_stream events were
+    # not back yet (or might not need if they were): a segment for each large block, and the
+    # small pool's blocks packed into 2 MiB segments.
+    large = small = 0
+    for b in eng.pending_blocks():
+        if b.seg.small:
+            small += b.size
+        else:
+            large += get_allocation_size(b.size, eng.config)
+    return large + -(-small // SMALL_BUFFER) * SMALL_BUFFER
+
+
+def _config(settings: str) -> AllocatorConfig:
+    """The settings of a what-if. Raises InputError (a ValueError) naming the settings and what is wrong."""
+    if not isinstance(settings, str):
+        raise InputError(f"what-if settings must be a string like 'expandable_segments:True', got {settings!r:.60}")
+    try:
+        return AllocatorConfig.from_settings(settings or None)
+    except ValueError as e:
+        raise InputError(f"what-if settings {settings!r}: {e}") from None
+
+
+__all__ = ["what_if"]
