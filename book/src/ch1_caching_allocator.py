@@ -670,7 +670,9 @@ al.plot_sequence(run, title="2 MiB, free, then 512 KiB")
 #
 # or, from a shell, `python -m experiments doctor my_snapshot.pickle --what-if
 # expandable_segments:True --json`. The file is read with an unpickler that accepts only
-# plain data, so a snapshot someone sends you cannot run code.
+# plain data, so a snapshot someone sends you cannot run code. Nothing to install: the page
+# {ref}`check-snapshot` runs the same doctor in your browser, on a file you drop on it,
+# which it sends nowhere.
 #
 # Here is the doctor on a real training loop recorded on the lab GPU by
 # `python -m experiments record`: a 4-layer `torch.nn.TransformerEncoder` trained with
