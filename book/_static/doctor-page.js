@@ -283,15 +283,26 @@
     const head = el("tr", {}, ["setting", "peak reserved", "peak allocated", "final reserved", "OOMs"].map(
       (h, i) => el("th", { scope: "col", class: i ? "memlab-num" : "", text: h })));
     const rows = runs.map((r) => el("tr", { class: r.peak_reserved_bytes === best && runs.length > 1 ? "memlab-doctor-best" : "" }, [
-      el("th", { scope: "row" }, [el("code", { text: r.label })]),
+      el("th", { scope: "row" }, [breakable(r.label)]),
       el("td", { class: "memlab-num", text: formatBytes(r.peak_reserved_bytes) }),
       el("td", { class: "memlab-num", text: formatBytes(r.peak_allocated_bytes) }),
       el("td", { class: "memlab-num", text: formatBytes(r.final_reserved_bytes) }),
       el("td", { class: "memlab-num", text: String(r.oom_events) }),
     ]));
-    return el("div", { class: "memlab-scroll" }, [el("table", { class: "memlab-doctor-table" }, [
-      el("caption", { text: json.trace_events.toLocaleString("en") + " trace events. " + replayVerdict(json.replay) }),
-      el("thead", {}, [head]), el("tbody", {}, rows)])]);
+    return el("div", {}, [
+      el("p", { class: "memlab-doctor-note", text: json.trace_events.toLocaleString("en") + " trace events. " + replayVerdict(json.replay) }),
+      el("div", { class: "memlab-scroll" }, [el("table", { class: "memlab-doctor-table" }, [
+        el("thead", {}, [head]), el("tbody", {}, rows)])])]);
+  }
+
+  function breakable(label) {
+    // A setting may break after ':', ',' or '_' on a phone, never inside a word.
+    const code = el("code");
+    label.split(/(?<=[:,_])/).forEach((part, i) => {
+      if (i) code.append(el("wbr"));
+      code.append(document.createTextNode(part));
+    });
+    return code;
   }
 
   function replayVerdict(r) {
