@@ -22,10 +22,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from experiments.allocator.engine import Engine  # noqa: E402
-from experiments.allocator.model import AllocatorConfig  # noqa: E402
-from experiments.allocator.replay import replay  # noqa: E402
-from experiments.allocator.trace import Trace  # noqa: E402
+from experiments.doctor.engine import Engine  # noqa: E402
+from experiments.doctor.rules import AllocatorConfig  # noqa: E402
+from experiments.doctor.replay import replay  # noqa: E402
+from experiments.doctor.trace import Trace  # noqa: E402
 
 CODES = {"segment_alloc": 3, "segment_free": 4, "segment_map": 5, "segment_unmap": 6}
 

@@ -18,14 +18,14 @@ from experiments.allocator import fresh as alloc_fresh, measurements as alloc_me
 
 from experiments.allocator import gpu as allocator_gpu
 from experiments.allocator.model import AllocatorConfig, MiB
-from experiments.allocator.replay import simulate
+from experiments.allocator.model import simulate
 from experiments.allocator.snapshot import (
     PoolIdsMissingError, format_figure, fragmentation_index, layout_summary, load_snapshot, oom_rows,
     parse_oom_message, parse_segments,
 )
 from experiments.core.registry import Result
 
-# An out-of-memory message as torch 2.11 printed it on the lab H200 (allocator-rules.md §I.4).
+# An out-of-memory message as torch 2.11 printed it on the lab H200 (experiments/doctor/RULES.md §I.4).
 LAB_OOM = """CUDA out of memory. Tried to allocate 1.40 GiB. GPU 0 has a total capacity of
 139.80 GiB of which 136.53 GiB is free. Including non-PyTorch memory, this
 process has 3.26 GiB memory in use. 2.80 GiB allowed; Of the allocated memory

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from experiments.allocator.doctor import doctor
-from experiments.allocator.engine import Engine
+from experiments.doctor.report import doctor
+from experiments.doctor.engine import Engine
 from experiments.allocator.model import GiB, MiB, AllocatorConfig, round_size
-from experiments.allocator.doctor import what_if
-from experiments.allocator.replay import replay
-from experiments.allocator.trace import (ALLOC, FREE_REQ, SnapshotError, config_from_snapshot, load, read)
+from experiments.doctor.whatif import what_if
+from experiments.doctor.replay import replay
+from experiments.doctor.trace import (ALLOC, FREE_REQ, SnapshotError, config_from_snapshot, load, read)
 
 RECORDED = Path(__file__).resolve().parent.parent / "experiments" / "recorded" / "alloc.doctor_snapshots" / "nvidia-h200.json"
 DOC = json.loads(RECORDED.read_text())
@@ -83,7 +83,7 @@ def _requests(key):
 
 # What-ifs from the default run equal the run recorded under the other setting, exactly.
 # The others differ: which of two equal free blocks is reused depends on the driver's
-# segment addresses (allocator-rules.md §I.3), which a what-if knows only while it makes the
+# segment addresses (experiments/doctor/RULES.md §I.3), which a what-if knows only while it makes the
 # same cudaMalloc/cudaFree calls as the recorded run; and an empty_cache() that released
 # nothing leaves no trace entry, so a what-if cannot repeat it ('mixed' calls it often).
 EXACT_WHAT_IFS = [("streams", "expandable_segments:True"), ("pools", "expandable_segments:True"),
@@ -300,7 +300,7 @@ def test_the_exercise_answer_comes_from_the_gpus_runs():
 
 
 def test_simulate_points_a_snapshot_to_the_doctor():
-    from experiments.allocator.replay import simulate
+    from experiments.allocator.model import simulate
 
     with pytest.raises(ValueError, match="al.doctor"):
         simulate(RUNS[("streams", "")]["snapshot"])

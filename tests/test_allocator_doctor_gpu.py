@@ -8,10 +8,11 @@ tensors and cached segments behind (a late start).
 """
 import pytest
 
-from experiments.allocator.doctor import doctor
-from experiments.allocator.doctor_gpu import SETTINGS, compact_snapshot
-from experiments.allocator.replay import replay
-from experiments.allocator.trace import read
+from experiments.doctor.report import doctor
+from experiments.allocator.doctor_gpu import SETTINGS
+from experiments.doctor.trace import compact_snapshot
+from experiments.doctor.replay import replay
+from experiments.doctor.trace import read
 from experiments.core.runner import run_fresh
 
 pytestmark = pytest.mark.gpu

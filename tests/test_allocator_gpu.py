@@ -13,7 +13,7 @@ from experiments.allocator import fresh as alloc_fresh, measurements as alloc_me
 
 from experiments.core import claims, registry
 from experiments.allocator.model import MiB, compact_layout
-from experiments.allocator.replay import simulate
+from experiments.allocator.model import simulate
 
 pytestmark = pytest.mark.gpu
 
@@ -309,7 +309,7 @@ def random_trace(seed, n_ops=150):
 
 @pytest.mark.parametrize("expandable", [False, True])
 def test_model_follows_the_gpu_on_a_random_trace(expandable):
-    """A differential test in the spirit of allocator-rules.md §I.3 (which went to 4000 ops with the
+    """A differential test in the spirit of experiments/doctor/RULES.md §I.3 (which went to 4000 ops with the
     driver's addresses; 150 ops stay clear of address ties with the model's own addresses)."""
     settings = {"expandable_segments": True} if expandable else None
     ops = random_trace(20260601 + expandable)

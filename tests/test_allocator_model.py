@@ -1,14 +1,14 @@
-"""The pure-Python allocator model against the rules and the H200 tables of allocator-rules.md §I
+"""The pure-Python allocator model against the rules and the H200 tables of experiments/doctor/RULES.md §I
 and seed-posts.md §4.3 (all measured on the lab GPU with torch 2.11)."""
 import pytest
 
-from experiments.allocator.engine import Engine, EngineOutOfMemory
+from experiments.doctor.engine import Engine, EngineOutOfMemory
 from experiments.allocator.model import (
     KiB, MiB, AllocatorConfig, allocation_size, compact_layout,
     format_bytes, normalize_ops, parse_roundup_divisions, parse_size, pool_of, round_size,
     should_split,
 )
-from experiments.allocator.replay import request_anatomy, simulate
+from experiments.allocator.model import request_anatomy, simulate
 
 EXP = {"expandable_segments": True}
 
@@ -221,7 +221,7 @@ def test_garbage_collection_releases_every_block_of_average_age():
     from experiments.core import store
 
     h200 = store.load("alloc.knobs", "nvidia-h200").provenance.total_memory_bytes
-    cap = int(0.02 * h200)  # the lab's fraction 0.02 of the H200 (allocator-rules.md §I.2)
+    cap = int(0.02 * h200)  # the lab's fraction 0.02 of the H200 (experiments/doctor/RULES.md §I.2)
     ops = allocs(57, 30 * MiB) + frees(57) + [("alloc", "big", 40 * MiB)]
     r = reserved_mib(ops, {"garbage_collection_threshold": 0.5}, cap)
     assert r[56] == 1710 and r[-1] == 40

@@ -12,15 +12,22 @@ from experiments.core.chapters import CHAPTERS
 PKG = Path(__file__).resolve().parent.parent / "experiments"
 CHAPTER_PACKAGES = [c.module for c in CHAPTERS if (PKG / c.module).is_dir()]
 ROLES = {"measurements", "model", "plots", "checks", "workloads"}
+# Tools readers take home, packages of their own beside the chapters (issue 17): chapters may
+# import them, they import no chapter, and of the core only the modules that need neither
+# torch, numpy nor matplotlib (the doctor runs in the browser, where none of the three exists).
+TOOLS = {"doctor"}
+TOOL_CORE = {"experiments.core.units", "experiments.core.tables", "experiments.core.text",
+             "experiments.core.alloc_conf"}
+# ... except where a figure is drawn (matplotlib, imported when drawn).
+TOOL_FIGURES = {"experiments.doctor.figure": {"experiments.core.plotting"}}
 # Modules a chapter may have beside the roles, each named for what it holds.
-# The doctor (issue 11): engine (the full allocator: streams, pools, cap), trace (reader),
-# replay (exact replay), doctor (what-if, report, figure, CLI), doctor_gpu (its recordings);
-# one module each keeps every file under MAX_LINES.
-EXTRA = {"allocator": {"snapshot", "gpu", "predict", "fresh", "trace", "doctor", "engine", "replay", "doctor_gpu"},
+# doctor_gpu and doctor_cases record the programs that hold the doctor to what the GPU did.
+EXTRA = {"allocator": {"snapshot", "gpu", "predict", "fresh", "doctor_gpu", "doctor_cases"},
          "streams": set(), "pinned": {"host", "host_cache", "staging"},
          "syncs": {"ops", "case", "detector"}}
 MAX_LINES = 600
-LONGER_ALLOWED = {"experiments.allocator.model"}  # mirrors one C++ file, CUDACachingAllocator.cpp
+# mirrors one C++ class, DeviceCachingAllocator of CUDACachingAllocator.cpp
+LONGER_ALLOWED = {"experiments.doctor.engine"}
 
 
 def module_name(path: Path) -> str:
@@ -123,9 +130,46 @@ def test_core_imports_no_chapter():
     assert not {m: ts for m, ts in bad.items() if ts}
 
 
+def test_core_imports_no_tool():
+    graph = import_graph()
+    tools = tuple(f"experiments.{t}" for t in TOOLS)
+    bad = {m: sorted(x for x in ts if x.startswith(tools)) for m, ts in graph.items() if m.startswith("experiments.core")}
+    assert not {m: ts for m, ts in bad.items() if ts}
+
+
+def tool_violations(graph: dict[str, set[str]], tool: str) -> list[str]:
+    """What breaks the tools' rule in ``graph``: a chapter, a face or a heavy core module imported."""
+    chapters = tuple(f"experiments.{c.module}" for c in CHAPTERS)
+    prefix = f"experiments.{tool}"
+    out = []
+    for m, ts in sorted(graph.items()):
+        if not (m == prefix or m.startswith(prefix + ".")):
+            continue
+        out += [f"{m} imports chapter module {x}" for x in sorted(ts) if x.startswith(chapters)]
+        core = {x for x in ts if x.startswith("experiments.core")}
+        out += [f"{m} imports {x}" for x in sorted(core - TOOL_CORE - TOOL_FIGURES.get(m, set()))]
+        out += [f"{m} imports the face experiments" for x in ts if x == "experiments"]
+    return out
+
+
+@pytest.mark.parametrize("tool", sorted(TOOLS))
+def test_a_tool_imports_no_chapter_and_only_the_light_core(tool):
+    graph = import_graph()
+    assert any(m.startswith(f"experiments.{tool}.") for m in graph), f"no modules under experiments.{tool}"
+    assert tool_violations(graph, tool) == []
+
+
+def test_the_tool_rule_finds_planted_imports():
+    graph = import_graph()
+    graph["experiments.doctor.rules"] = graph["experiments.doctor.rules"] | {"experiments.core.device",
+                                                                            "experiments.allocator.model"}
+    found = tool_violations(graph, "doctor")
+    assert any("core.device" in f for f in found) and any("allocator.model" in f for f in found)
+
+
 def test_nothing_inside_imports_a_face():
     graph = import_graph()
-    faces = {f"experiments.{c}" for c in CHAPTER_PACKAGES} | {"experiments"}
+    faces = {f"experiments.{c}" for c in CHAPTER_PACKAGES} | {f"experiments.{t}" for t in TOOLS} | {"experiments"}
     bad = {m: sorted(ts & faces) for m, ts in graph.items()
            if m.startswith("experiments.") and ts & faces and m not in ("experiments.sync_detector",)}
     assert not bad, f"modules that import a chapter face (import the submodule instead): {bad}"
@@ -143,7 +187,9 @@ def test_plots_and_checks_never_import_measurements():
 def test_a_face_only_reexports(chapter):
     tree = ast.parse((PKG / chapter / "__init__.py").read_text())
     for node in tree.body:
-        ok = (isinstance(node, ast.ImportFrom) and (node.level == 1 or node.module == "core.units")
+        # a chapter re-exports its own modules, the core's units, and a tool's API (from its modules)
+        ok = (isinstance(node, ast.ImportFrom) and (node.level == 1 or node.module == "core.units"
+                                                    or node.level == 2 and node.module.split(".")[0] in TOOLS)
               or isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)  # the docstring
               or isinstance(node, ast.Assign) and [t.id for t in node.targets] == ["__all__"])
         assert ok, f"experiments/{chapter}/__init__.py line {node.lineno}: a face holds re-exports only"

@@ -16,11 +16,10 @@ from .workloads import (  # noqa: F401
     TIMELINE_SMALL_MIB,
 )
 from .model import (  # noqa: F401
-    AllocatorConfig, compact_layout, normalize_ops, round_size,
+    AllocatorConfig, compact_layout, normalize_ops, request_anatomy, round_size, simulate,
 )
-from .replay import request_anatomy, simulate  # noqa: F401
 from .plots import (  # noqa: F401
-    graph_pools_table, knobs_table, oom_figures_table, oom_message, oom_table, plot_anatomy,
+    lab_comparison, lab_comparison_table, plot_doctor_snapshots, graph_pools_table, knobs_table, oom_figures_table, oom_message, oom_table, plot_anatomy,
     plot_fragmentation_oom, plot_graph_pools, plot_knobs, plot_pool_boundary, plot_request_table,
     plot_segments, plot_sequence, plot_timeline, request_table_html,
 )
@@ -34,8 +33,8 @@ from .fresh import (  # noqa: F401
 from .predict import (  # noqa: F401
     predict_graph_pools, predict_oom,
 )
-from .doctor import (  # noqa: F401
-    doctor, lab_comparison, lab_comparison_table, plot_doctor_snapshots, Report,
+from ..doctor.report import (  # noqa: F401  (the doctor: a package of its own, experiments.doctor)
+    doctor, Report,
 )
 from .snapshot import (  # noqa: F401
     fragmentation_index, layout_summary, load_snapshot, parse_oom_message, parse_segments,

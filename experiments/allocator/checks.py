@@ -14,8 +14,7 @@ import random
 from typing import Any, Callable, Mapping, Sequence
 
 from ..core.units import MiB
-from .model import AllocatorConfig, normalize_ops
-from .replay import simulate
+from .model import AllocatorConfig, normalize_ops, simulate
 from ..core.checks import Feedback, check_choice, check_number, combine, exercise, unanswered
 
 

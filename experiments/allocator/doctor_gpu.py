@@ -17,21 +17,20 @@ tensors existed (``late_start``), torch's expandable-segment virtual range
 prefetches the batches (``training``).
 
 Sources: ``torch/cuda/memory.py`` (``_record_memory_history``, ``_snapshot``, ``MemPool``,
-``use_mem_pool``), ``torch/cuda/graphs.py`` and allocator-rules.md §B-E. torch is imported
+``use_mem_pool``), ``torch/cuda/graphs.py`` and experiments/doctor/RULES.md §B-E. torch is imported
 inside the functions so that the module (and its experiment) can be imported without a GPU.
 """
 from __future__ import annotations
 
 import gc
 import random
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 from ..core.registry import Param, experiment
+from ..doctor.trace import FORMAT, compact_snapshot  # noqa: F401  (the recordings' snapshot form)
 
 MiB = 1024**2
 GiB = 1024**3
-
-FORMAT = "memlab-snapshot-1"
 
 # Workload -> the settings it is recorded under. A setting is a PYTORCH_CUDA_ALLOC_CONF string
 # ('' = defaults); 'cap' workloads also set a memory fraction inside the process.
@@ -48,47 +47,6 @@ SETTINGS: dict[str, tuple[str, ...]] = {
 WORKLOADS = tuple(SETTINGS)
 CAP_BYTES = 1 * GiB           # the 'cap' workload's memory cap
 TRAINING_BATCHES = (24, 32, 40, 48)
-
-
-# ----------------------------------------------------------------------------- snapshot form
-
-def compact_snapshot(snap: Mapping[str, Any], device: int = 0) -> dict[str, Any]:
-    """The doctor's compact JSON form of a ``torch.cuda.memory._snapshot()`` dict.
-
-    Returns:
-        dict with format ('memlab-snapshot-1'); trace_z: the trace of ``device`` as text,
-        one line 'action addr size stream' per entry (for 'oom' the addr slot holds
-        device_free), zlib-compressed and base64-encoded so that a recorded file stays small
-        and one JSON string; trace_events (the number of entries); segments (per segment:
-        address, total_size, stream, segment_type, segment_pool_id, is_expandable, blocks as
-        [address, size, requested_size, state]) and allocator_settings. Frames, times and
-        annotations are dropped: the doctor does not need them.
-    """
-    import base64
-    import zlib
-
-    traces = snap.get("device_traces") or [[]]
-    trace = traces[device] if device < len(traces) else []
-    lines = []
-    for e in trace:
-        addr = e.get("device_free", 0) if e["action"] == "oom" else e.get("addr", 0)
-        lines.append(f"{e['action']} {int(addr)} {int(e.get('size', 0))} {int(e.get('stream', 0))}")
-    packed = base64.b64encode(zlib.compress("\n".join(lines).encode(), 9)).decode()
-    segs = []
-    for s in snap.get("segments", []):
-        if int(s.get("device", 0)) != device:
-            continue
-        segs.append({
-            "address": int(s["address"]), "total_size": int(s["total_size"]), "stream": int(s.get("stream", 0)),
-            "segment_type": s.get("segment_type", "large"),
-            "segment_pool_id": [int(x) for x in s.get("segment_pool_id", (0, 0))],
-            "is_expandable": bool(s.get("is_expandable", False)),
-            "blocks": [[int(b["address"]), int(b["size"]), int(b.get("requested_size", 0)), str(b["state"])]
-                       for b in s["blocks"]],
-        })
-    settings = snap.get("allocator_settings", {})
-    return {"format": FORMAT, "trace_events": len(lines), "trace_z": packed, "segments": segs,
-            "allocator_settings": {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in settings.items()}}
 
 
 # ----------------------------------------------------------------------------- GPU side

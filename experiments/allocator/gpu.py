@@ -72,7 +72,7 @@ def run_ops(ops: Sequence[Sequence[Any]]) -> dict[str, Any]:
     labelled 'oom' are returned.
 
     Returns:
-        the structure of :func:`experiments.allocator.replay.simulate`: labels,
+        the structure of :func:`experiments.allocator.model.simulate`: labels,
         allocated_bytes and reserved_bytes after each alloc/free/empty_cache (relative
         to the start), snapshots, oom (None, or step, message, request_bytes,
         allocated_bytes, reserved_bytes, reserved_unallocated_bytes), num_alloc_retries,

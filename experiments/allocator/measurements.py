@@ -35,8 +35,7 @@ from typing import Any, Mapping
 
 from ..core import alloc_conf
 from ..core.units import MiB
-from .model import round_size
-from .replay import simulate
+from .model import round_size, simulate
 from .snapshot import layout_summary
 from .workloads import (
     _CAP_PARAM, ANATOMY_SIZES, GRAPH_ORDERS, KNOB_CAP_MIB, KNOBS, OOM_CAP_CHOICES, OOM_CAP_MIB,
@@ -119,7 +118,7 @@ def request_table() -> dict[str, Any]:
     Returns:
         probes: one dict per size with request_bytes, block_bytes, pool, segment_bytes,
         remainder_bytes, split, segments (the layout) and predicted
-        (:func:`experiments.allocator.replay.request_anatomy`); isolation.
+        (:func:`experiments.allocator.model.request_anatomy`); isolation.
     """
     from .gpu import measure_layouts
 

@@ -1,289 +1,27 @@
-"""The rules of PyTorch's CUDA caching allocator, as pure functions: settings, sizes, operations.
+"""Chapter 1's allocator model: the operation lists the chapter's experiments run, and
+:func:`simulate`, which runs one on the allocator engine with no GPU.
 
-It follows the native allocator as written down in the book's background note
-(allocator-rules.md, which paraphrases ``c10/cuda/CUDACachingAllocator.cpp`` and
-``c10/core/AllocatorConfig.cpp``): requests are rounded to 512 B (or to power-of-two
-divisions), requests of at most 1 MiB use the small pool, a new segment is 2 MiB, 20 MiB
-or the request rounded to 2 MiB, a block is split when the remainder is worth keeping, and
-with ``expandable_segments`` 2 MiB (small) or 20 MiB (large) pages are mapped on demand.
-
-The one implementation of the allocator that applies these rules is
-:class:`experiments.allocator.engine.Engine` (streams, pools, cap, OOM path, expandable
-segments); :func:`experiments.allocator.replay.simulate` runs the chapter's operation lists
-(:func:`normalize_ops`) on it, with no GPU. New segments there get increasing synthetic
-addresses, so which of two equal free blocks is reused first may differ from a GPU run;
-sizes and totals do not.
+The rules themselves (rounding, pools, segment sizes, splits, settings) live in the doctor's
+package, written once (:mod:`experiments.doctor.rules`); the one implementation that applies
+them is :class:`experiments.doctor.engine.Engine` (streams, pools, cap, OOM path, expandable
+segments). This module re-exports the rules the chapter uses. New segments in
+:func:`simulate` get increasing synthetic addresses, so which of two equal free blocks is
+reused first may differ from a GPU run; sizes and totals do not.
 
 Sizes are in bytes throughout.
 """
 from __future__ import annotations
 
-import dataclasses
-import math
 import re
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..core.units import GiB, KiB, MiB, format_bytes  # noqa: F401  (format_bytes: the chapter's API)
-
-
-MIN_BLOCK_SIZE = 512            # every request is rounded up to a multiple of this
-SMALL_SIZE = 1 * MiB            # rounded requests up to and including this use the small pool
-SMALL_BUFFER = 2 * MiB          # size of a small-pool segment, and its expandable page
-MIN_LARGE_ALLOC = 10 * MiB      # large requests below this get a whole large buffer
-LARGE_BUFFER = 20 * MiB         # that buffer; also the default large expandable page
-ROUND_LARGE = 2 * MiB           # larger requests get a segment rounded up to this
-ROUNDUP_INTERVALS = 16          # roundup_power2_divisions has one entry per power of two from 1 MiB
-
-STATE_ALLOCATED = "active_allocated"
-STATE_FREE = "inactive"
-
-
-# ----------------------------------------------------------------------------- settings
-
-def _is_power_of_two(n: int) -> bool:
-    return n > 0 and n & (n - 1) == 0
-
-
-def parse_roundup_divisions(value: int | str | Sequence[int]) -> tuple[int, ...]:
-    """The 16-entry table behind ``roundup_power2_divisions``.
-
-    Args:
-        value: one number N (0, 1 or a power of two) for every size; a string such as
-            '[256:1,512:2,1024:4,>:8]' (keys are powers of two in MiB, '>' covers every
-            interval after the last listed one; the first entry also covers every
-            smaller size); or an explicit sequence of 16 numbers.
-
-    Entry i applies to rounded sizes in [2**(20+i), 2**(21+i)) bytes; entry 0 also covers
-    everything below 2 MiB and entry 15 everything above 32 GiB. This follows the parser of
-    torch 2.11 (allocator-rules.md §A.2); older releases let '>' overwrite the last entry.
-    A list that starts with '>' leaves entry 0 (sizes below 2 MiB) unset.
-
-    Raises:
-        ValueError: a division that is not 0 or a power of two, a key that is not a power
-            of two, or a malformed string.
-    """
-    def division(v: Any, where: str) -> int:
-        try:
-            d = int(v)
-        except (TypeError, ValueError):
-            raise ValueError(f"roundup_power2_divisions: {where} must be an integer, got {v!r}") from None
-        if d < 0 or (d > 1 and not _is_power_of_two(d)):
-            raise ValueError(f"roundup_power2_divisions: {where} must be 0, 1 or a power of two, got {d}")
-        return d
-
-    if isinstance(value, bool):
-        raise ValueError(f"roundup_power2_divisions must be a number or a list, got {value!r}")
-    if isinstance(value, int):
-        return (division(value, "the division"),) * ROUNDUP_INTERVALS
-    if isinstance(value, str):
-        text = value.strip()
-        if not (text.startswith("[") and text.endswith("]")):
-            return (division(text, "the division"),) * ROUNDUP_INTERVALS
-        table = [0] * ROUNDUP_INTERVALS
-        # '>' fills the intervals after the last listed one; with nothing listed before it,
-        # "the last one" is interval 0, which stays unset: under '[>:2]' a 2,100 B request
-        # still rounds to 2,560 B (torch 2.11 on the lab H200; c10/core/AllocatorConfig.cpp
-        # parseRoundUpPower2Divisions starts its last index at 0 and fills from last + 1).
-        first, last = True, 0
-        for entry in filter(None, (e.strip() for e in text[1:-1].split(","))):
-            key, sep, raw = entry.partition(":")
-            if not sep:
-                raise ValueError(f"roundup_power2_divisions: entry {entry!r} must look like SIZE_MB:N or >:N")
-            d = division(raw.strip(), f"entry {entry!r}")
-            key = key.strip()
-            if key == ">":
-                for i in range(last + 1, ROUNDUP_INTERVALS):
-                    table[i] = d
-                continue
-            try:
-                mb = int(key)
-            except ValueError:
-                raise ValueError(f"roundup_power2_divisions: size {key!r} must be a power of two in MiB") from None
-            if not _is_power_of_two(mb):
-                raise ValueError(f"roundup_power2_divisions: size {key!r} must be a power of two in MiB")
-            index = min(mb.bit_length() - 1, ROUNDUP_INTERVALS - 1)
-            if first:
-                for i in range(index):
-                    table[i] = d
-                first = False
-            table[index] = d
-            last = index
-        return tuple(table)
-    table = tuple(division(v, f"entry {i}") for i, v in enumerate(value))
-    if len(table) != ROUNDUP_INTERVALS:
-        raise ValueError(f"roundup_power2_divisions needs {ROUNDUP_INTERVALS} entries, got {len(table)}")
-    return table
-
-
-@dataclasses.dataclass(frozen=True)
-class AllocatorConfig:
-    """The allocator settings the model follows (``PYTORCH_CUDA_ALLOC_CONF``), in bytes.
-
-    Attributes:
-        expandable_segments: one growing virtual range per pool instead of one
-            ``cudaMalloc`` per segment.
-        max_split_size: blocks at least this large are never split, and requests below it
-            never take them; None means no limit (the default).
-        max_non_split_rounding: how much larger than a request (>= max_split_size) an
-            unsplit cached block may be.
-        roundup_divisions: the 16-entry table of :func:`parse_roundup_divisions`.
-        garbage_collection_threshold: fraction (0-1) of the memory cap above which old
-            cached blocks are released before a new segment is made; 0 disables it.
-        large_segment_size: segment for 1-10 MiB requests, and the large expandable page.
-    """
-
-    expandable_segments: bool = False
-    max_split_size: int | None = None
-    max_non_split_rounding: int = LARGE_BUFFER
-    roundup_divisions: tuple[int, ...] = (0,) * ROUNDUP_INTERVALS
-    garbage_collection_threshold: float = 0.0
-    large_segment_size: int = LARGE_BUFFER
-
-    def __post_init__(self) -> None:
-        if self.max_split_size is not None and self.max_split_size <= LARGE_BUFFER:
-            raise ValueError(f"max_split_size must be > 20 MiB, got {self.max_split_size} bytes")
-        if self.max_non_split_rounding < 0:
-            raise ValueError(f"max_non_split_rounding must be >= 0 bytes, got {self.max_non_split_rounding}")
-        if not 0 <= self.garbage_collection_threshold < 1:
-            raise ValueError(f"garbage_collection_threshold must be in [0, 1), got {self.garbage_collection_threshold}")
-        if self.large_segment_size <= MIN_LARGE_ALLOC or self.large_segment_size % ROUND_LARGE:
-            raise ValueError(f"large_segment_size must be a multiple of 2 MiB above 10 MiB, got {self.large_segment_size}")
-        object.__setattr__(self, "roundup_divisions", parse_roundup_divisions(self.roundup_divisions))
-
-    @classmethod
-    def from_settings(cls, settings: Mapping[str, Any] | str | None) -> "AllocatorConfig":
-        """Build from allocator settings as a dict or a ``PYTORCH_CUDA_ALLOC_CONF`` string.
-
-        Options that do not change device block placement (pinned-memory options,
-        ``release_lock_on_cudamalloc``, ``graph_capture_record_stream_reuse``,
-        ``backend:native``) are accepted and ignored.
-
-        Raises:
-            ValueError: an unknown option, a bad value, ``backend:cudaMallocAsync`` (a
-                different allocator) or ``per_process_memory_fraction`` (give the model a
-                cap in bytes instead).
-        """
-        from ..core.alloc_conf import KNOWN_OPTIONS, parse
-
-        if settings is None:
-            return cls()
-        if isinstance(settings, Mapping) and "PYTORCH_CUDA_ALLOC_CONF" in settings:
-            # a snapshot's allocator_settings: the string it holds is what the allocator parsed
-            # (experiments.allocator.trace.config_from_snapshot also reads the parsed values)
-            settings = str(settings["PYTORCH_CUDA_ALLOC_CONF"] or "")
-            if not settings:
-                return cls()
-        items = parse(settings) if isinstance(settings, str) else dict(settings)
-        kw: dict[str, Any] = {}
-        for name, value in items.items():
-            if name not in KNOWN_OPTIONS:
-                raise ValueError(f"unknown allocator option {name!r}; known options: {sorted(KNOWN_OPTIONS)}")
-            if name == "expandable_segments":
-                if not isinstance(value, bool):
-                    raise ValueError(f"expandable_segments must be True or False, got {value!r}")
-                kw["expandable_segments"] = value
-            elif name == "max_split_size_mb":
-                kw["max_split_size"] = _mib_option(name, value) * MiB
-            elif name == "max_non_split_rounding_mb":
-                kw["max_non_split_rounding"] = _mib_option(name, value) * MiB
-            elif name == "large_segment_size_mb":
-                kw["large_segment_size"] = _mib_option(name, value) * MiB
-            elif name == "roundup_power2_divisions":
-                kw["roundup_divisions"] = parse_roundup_divisions(value)
-            elif name == "garbage_collection_threshold":
-                if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
-                    raise ValueError(f"garbage_collection_threshold must be in (0, 1), got {value!r}")
-                kw["garbage_collection_threshold"] = float(value)
-            elif name == "backend":
-                if value != "native":
-                    raise ValueError("the model covers the native caching allocator only, not backend "
-                                     f"{value!r}")
-            elif name == "per_process_memory_fraction":
-                raise ValueError("per_process_memory_fraction depends on the GPU's size; give the model "
-                                 "cap_bytes instead")
-        return cls(**kw)
-
-
-def _mib_option(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be a non-negative whole number of MiB, got {value!r}")
-    return value
-
-
-DEFAULT = AllocatorConfig()
-
-
-# ----------------------------------------------------------------------------- the rules
-
-def round_size(nbytes: int, config: AllocatorConfig = DEFAULT) -> int:
-    """The block size a request of ``nbytes`` asks the pools for (bytes).
-
-    Up to 512 B becomes 512; otherwise the next multiple of 512, unless
-    ``roundup_power2_divisions`` gives the request's power-of-two interval d > 1
-    divisions and the request exceeds 512·d, in which case it rounds up to the next
-    1/d step of that interval. (allocator-rules.md §A.2; PyTorch ``round_size``.)
-
-    Raises:
-        ValueError: ``nbytes`` < 1 (a zero-byte tensor never reaches the allocator).
-    """
-    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 1:
-        raise ValueError(f"nbytes must be a whole number of bytes >= 1, got {nbytes!r}")
-    if nbytes < MIN_BLOCK_SIZE:
-        return MIN_BLOCK_SIZE
-    index = min(max(nbytes.bit_length() - 1 - 20, 0), ROUNDUP_INTERVALS - 1)
-    d = config.roundup_divisions[index]
-    if d > 1 and nbytes > MIN_BLOCK_SIZE * d:
-        if _is_power_of_two(nbytes):
-            return nbytes
-        floor = 1 << (nbytes.bit_length() - 1)
-        step = floor // d
-        if step == 0:
-            return floor * 2
-        return -(-nbytes // step) * step
-    return -(-nbytes // MIN_BLOCK_SIZE) * MIN_BLOCK_SIZE
-
-
-def pool_of(rounded: int) -> str:
-    """'small' for rounded sizes up to and including 1 MiB, else 'large'."""
-    return "small" if rounded <= SMALL_SIZE else "large"
-
-
-def allocation_size(rounded: int, config: AllocatorConfig = DEFAULT) -> int:
-    """Size of the segment a new ``cudaMalloc`` makes for a rounded request (bytes).
-
-    2 MiB up to 1 MiB; 20 MiB (``large_segment_size``) below 10 MiB; else the request
-    rounded up to 2 MiB. With expandable segments this size is only used for the
-    memory-cap check; pages are mapped instead (:func:`page_size`).
-    """
-    if rounded <= SMALL_SIZE:
-        return SMALL_BUFFER
-    if rounded < MIN_LARGE_ALLOC:
-        return config.large_segment_size
-    return -(-rounded // ROUND_LARGE) * ROUND_LARGE
-
-
-def page_size(pool: str, config: AllocatorConfig = DEFAULT) -> int:
-    """Expandable-segment page of a pool: 2 MiB (small) or ``large_segment_size`` (large)."""
-    if pool not in ("small", "large"):
-        raise ValueError(f"pool must be 'small' or 'large', got {pool!r}")
-    return SMALL_BUFFER if pool == "small" else config.large_segment_size
-
-
-def should_split(block_size: int, rounded: int, pool: str, config: AllocatorConfig = DEFAULT) -> bool:
-    """Whether a free block of ``block_size`` serving ``rounded`` bytes keeps its tail free.
-
-    Small pool, or expandable segments: when the remainder is at least 512 B. Large pool
-    otherwise: only when the remainder is more than 1 MiB and the request is below
-    ``max_split_size`` (allocator-rules.md §A.7).
-    """
-    remaining = block_size - rounded
-    if remaining < 0:
-        raise ValueError(f"a {block_size}-byte block cannot serve {rounded} bytes")
-    if pool == "small" or config.expandable_segments:
-        return remaining >= MIN_BLOCK_SIZE
-    limit = config.max_split_size if config.max_split_size is not None else math.inf
-    return rounded < limit and remaining > SMALL_SIZE
-
+from ..doctor.engine import H200_TOTAL_MEMORY, Engine, EngineOutOfMemory
+from ..doctor.rules import (  # noqa: F401  (the chapter's API: the rules it teaches)
+    DEFAULT, LARGE_BUFFER, MIN_BLOCK_SIZE, MIN_LARGE_ALLOC, ROUND_LARGE, ROUNDUP_INTERVALS, SMALL_BUFFER,
+    SMALL_SIZE, STATE_ALLOCATED, STATE_FREE, AllocatorConfig, allocation_size, page_size,
+    parse_roundup_divisions, pool_of, round_size, should_split,
+)
 
 # ----------------------------------------------------------------------------- operations
 
@@ -335,7 +73,7 @@ def normalize_ops(ops: Iterable[Sequence[Any]]) -> list[list[Any]]:
     """
     if isinstance(ops, Mapping) and ("device_traces" in ops or "trace_z" in ops):
         raise ValueError("this is a memory snapshot, not a list of operations: replay it with "
-                         "al.doctor(snapshot) (experiments.allocator.doctor)")
+                         "al.doctor(snapshot) (experiments.doctor)")
     out: list[list[Any]] = []
     live: set[str] = set()
     labels: set[str] = set()
@@ -398,3 +136,105 @@ def compact_layout(segments: Sequence[Mapping[str, Any]]) -> list[str]:
     marks = {STATE_ALLOCATED: "A", STATE_FREE: "f", "active_pending_free": "P"}
     return [f"{s['pool']}:{mib(s['total_size'])}M[" + " ".join(f"{mib(b['size'])}{marks.get(b['state'], '?')}"
                                                                 for b in s["blocks"]) + "]" for s in segments]
+
+
+# ----------------------------------------------------------------------------- operation lists on the engine
+
+def _layout(engine: Engine) -> list[dict[str, Any]]:
+    """The engine's segments in the chapter's snapshot format (no stream or pool id; a free
+    block's requested_size is 0)."""
+    return [{"address": s["address"], "total_size": s["total_size"], "pool": s["pool"],
+             "is_expandable": s["is_expandable"],
+             "blocks": [{"size": b["size"], "state": b["state"],
+                         "requested_size": b["requested_size"] if b["state"] == STATE_ALLOCATED else 0}
+                        for b in s["blocks"]]} for s in engine.segments()]
+
+
+def _increasing_addresses(engine: Engine) -> None:
+    """New segments and ranges get increasing addresses from 2^32 (segment order = creation order)."""
+    nxt = [1 << 32]
+
+    def hook(size: int) -> int:
+        addr, nxt[0] = nxt[0], nxt[0] + -(-size // ROUND_LARGE) * ROUND_LARGE
+        return addr
+    engine.address_hook = hook
+
+
+def simulate(
+    ops: Iterable[Sequence[Any]],
+    config: AllocatorConfig | Mapping[str, Any] | str | None = None,
+    *,
+    cap_bytes: int | None = None,
+    total_memory: int = H200_TOTAL_MEMORY,
+) -> dict[str, Any]:
+    """Run a sequence of operations (see :func:`experiments.allocator.model.normalize_ops`)
+    through the engine (one device, one stream, the default pool).
+
+    ``total_memory`` (bytes) sets an expandable segment's virtual range (default: the lab H200).
+    Returns the same structure as the GPU worker
+    (:func:`experiments.allocator_gpu.run_ops`): ``labels``, ``allocated_bytes`` and
+    ``reserved_bytes`` after each alloc/free/empty_cache (lists of equal length),
+    ``snapshots`` (label -> segments), ``oom`` (None, or the figures of the failed
+    request with its ``step``; the sequence stops there and a snapshot 'oom' is added),
+    ``num_alloc_retries`` and ``num_ooms``.
+
+    Raises:
+        ValueError: a malformed sequence or setting.
+    """
+    if cap_bytes is not None and (isinstance(cap_bytes, bool) or cap_bytes < 1):
+        raise ValueError(f"cap_bytes must be a positive number of bytes or None, got {cap_bytes!r}")
+    cfg = config if isinstance(config, AllocatorConfig) else AllocatorConfig.from_settings(config)
+    # reserved bytes are whole, so comparing them with floor(cap) is the same as with cap
+    engine = Engine(cfg, cap_bytes=None if cap_bytes is None else int(cap_bytes), total_memory=total_memory)
+    _increasing_addresses(engine)
+    live: dict[str, Any] = {}
+    out: dict[str, Any] = {"labels": [], "allocated_bytes": [], "reserved_bytes": [], "snapshots": {}, "oom": None}
+    for op in normalize_ops(ops):
+        if op[0] == "snapshot":
+            out["snapshots"][op[1]] = _layout(engine)
+            continue
+        label = op_label(op)
+        if op[0] == "alloc":
+            try:
+                live[op[1]] = engine.malloc(op[2])
+            except EngineOutOfMemory as e:
+                f = e.figures
+                out["oom"] = {"step": len(out["labels"]), **f,
+                              "reserved_unallocated_bytes": f["reserved_bytes"] - f["allocated_bytes"],
+                              "cap_bytes": cap_bytes or 0}
+                label += " → OOM"
+        elif op[0] == "free":
+            block = live.pop(op[1])
+            engine.free_requested(block)
+            engine.free_completed(block)
+        else:
+            engine.empty_cache()
+        out["labels"].append(label)
+        out["allocated_bytes"].append(engine.allocated_bytes)
+        out["reserved_bytes"].append(engine.reserved_bytes)
+        if out["oom"] is not None:
+            out["snapshots"]["oom"] = _layout(engine)
+            break
+    out["num_alloc_retries"] = engine.num_alloc_retries
+    out["num_ooms"] = engine.num_ooms
+    return out
+
+
+def request_anatomy(nbytes: int, config: AllocatorConfig = DEFAULT) -> dict[str, Any]:
+    """What one tensor of ``nbytes`` gets from an empty allocator.
+
+    Returns:
+        dict with request_bytes, rounded_bytes, pool, block_bytes (may exceed the rounded
+        size when a large-pool remainder of at most 1 MiB is not split off),
+        segment_bytes (segment or mapped pages), remainder_bytes (free tail in that
+        segment) and split (whether the tail became a separate free block).
+    """
+    engine = Engine(config)
+    block = engine.malloc(nbytes)
+    seg = engine.segments()[0]
+    rounded = round_size(nbytes, config)
+    return {
+        "request_bytes": nbytes, "rounded_bytes": rounded, "pool": pool_of(rounded),
+        "block_bytes": block.size, "segment_bytes": seg["total_size"],
+        "remainder_bytes": seg["total_size"] - block.size, "split": len(seg["blocks"]) > 1,
+    }

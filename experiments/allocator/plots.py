@@ -15,6 +15,7 @@ from .snapshot import oom_rows
 from ..core.tables import Table
 from ..core.units import mib
 from ..core.plotting import PALETTE, memory_timeline, new_figure, segment_map, stamp
+from ..doctor.report import Report, doctor
 
 ORDER_LABELS = {"small_first": "small tensors first", "large_first": "large tensors first",
                 "increasing": "increasing batch size", "decreasing": "decreasing batch size"}
@@ -445,3 +446,63 @@ def knobs_table(result: Any) -> Table:
                      f"{mib(k['expandable']['reserved_bytes'][-1]):.0f}"])
     return Table(["setting", "workload", "default (MiB)", "with the setting (MiB)", "expandable (MiB)"], rows,
                  caption=result.caption())
+
+
+# ----------------------------------------------------------------------------- the doctor's lab comparison
+
+def _recorded_point(result: Any, workload_settings: str) -> tuple[Mapping[str, Any], list[Any], Report]:
+    """(the run recorded under ``workload_settings``, the other runs, the doctor's report on the
+    first with the others' settings as what-ifs)."""
+    runs = result["runs"]
+    base = next((r for r in runs if r["settings"] == workload_settings), None)
+    if base is None:
+        raise ValueError(f"workload_settings must be one of {[r['settings'] for r in runs]}, got {workload_settings!r}")
+    others = [r for r in runs if r is not base]
+    return base, others, doctor(base, what_if=[r["settings"] for r in others])
+
+
+def lab_comparison(result: Any, workload_settings: str = "") -> list[dict[str, Any]]:
+    """The doctor's what-ifs next to the GPU's own runs, for a recorded ``alloc.doctor_snapshots`` point.
+
+    The run recorded under ``workload_settings`` is the snapshot (its row is the exact
+    replay); every other run of the point is a what-if, and its row shows the GPU's own
+    figures for that setting too.
+
+    Returns:
+        one dict per setting: settings, what_if_peak_reserved_bytes, what_if_final_reserved_bytes,
+        gpu_peak_reserved_bytes, gpu_final_reserved_bytes, what_if_oom_events, gpu_ooms.
+
+    Raises:
+        ValueError: ``result`` has no run under ``workload_settings``.
+    """
+    base, others, rep = _recorded_point(result, workload_settings)
+    rows = []
+    for r, w in [(base, rep.replay)] + list(zip(others, rep.what_ifs)):
+        rows.append({"settings": r["settings"] or "defaults",
+                     "what_if_peak_reserved_bytes": w.peak_reserved_bytes,
+                     "what_if_final_reserved_bytes": w.final_reserved_bytes,
+                     "gpu_peak_reserved_bytes": max(p["reserved_bytes.all.peak"] for p in r["phases"]),
+                     "gpu_final_reserved_bytes": r["final"]["reserved_bytes.all.current"],
+                     "what_if_oom_events": w.oom_events, "gpu_ooms": r["final"]["num_ooms"],
+                     "exact_replay": r is base})
+    return rows
+
+
+def plot_doctor_snapshots(result: Any, workload_settings: str = "") -> Any:
+    """The what-if figure for a result of ``alloc.doctor_snapshots``: the run recorded under
+    ``workload_settings`` replayed, every other run's setting as a what-if, stamped with
+    where the recording came from.
+
+    Raises:
+        ValueError: ``result`` has no run under ``workload_settings``.
+    """
+    rep = _recorded_point(result, workload_settings)[2]
+    return stamp(rep.figure(), result) if hasattr(result, "caption") else rep.figure()
+
+
+def lab_comparison_table(rows: Sequence[Mapping[str, Any]]) -> Table:
+    """:func:`lab_comparison` as a table: peak and final reserved MiB, the what-if's and the GPU's."""
+    return Table(["setting", "what-if peak (MiB)", "GPU peak (MiB)", "what-if end (MiB)", "GPU end (MiB)"],
+                 [[r["settings"], f"{mib(r['what_if_peak_reserved_bytes']):.0f}", f"{mib(r['gpu_peak_reserved_bytes']):.0f}",
+                   f"{mib(r['what_if_final_reserved_bytes']):.0f}", f"{mib(r['gpu_final_reserved_bytes']):.0f}"]
+                  for r in rows], "reserved memory", right=[False, True, True, True, True])

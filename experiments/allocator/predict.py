@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 from ..core.units import MiB
-from .model import AllocatorConfig, compact_layout, normalize_ops
-from .replay import request_anatomy, simulate
+from .model import AllocatorConfig, compact_layout, normalize_ops, request_anatomy, simulate
 from .snapshot import layout_summary, parse_oom_message
 from .workloads import (
     _CAP_PARAM, BOUNDARY_SIZES, GRAPH_DTYPE, GRAPH_ORDERS, OOM_CAP_MIB, OOM_PATTERNS, OOM_REQUEST_MIB,
@@ -113,7 +112,7 @@ def _oom_pattern_data(pattern: str, measured: Mapping[str, Any], predicted: Mapp
 
 def predict_oom(cap_mib: int = OOM_CAP_MIB, expandable: bool = False) -> dict[str, dict[str, Any]]:
     """The model's run of each pattern of ``alloc.fragmentation_oom`` under ``cap_mib`` MiB:
-    pattern -> the result of :func:`experiments.allocator.replay.simulate` (no GPU needed).
+    pattern -> the result of :func:`experiments.allocator.model.simulate` (no GPU needed).
 
     Raises:
         ValueError: a cap not in ``OOM_CAP_CHOICES``.

@@ -8,7 +8,7 @@
 * :func:`parse_oom_message` reads the figures out of a ``torch.OutOfMemoryError`` message.
 
 No GPU is needed: everything here works on dicts and strings. Snapshot format:
-allocator-rules.md §E.2 and https://docs.pytorch.org/docs/stable/torch_cuda_memory.html;
+experiments/doctor/RULES.md §E.2 and https://docs.pytorch.org/docs/stable/torch_cuda_memory.html;
 OOM text: ``c10/cuda/CUDACachingAllocator.cpp`` (the ``malloc`` error path).
 """
 from __future__ import annotations

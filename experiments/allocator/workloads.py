@@ -1,6 +1,6 @@
 """The allocation patterns of chapter 1's experiments, as operation sequences.
 
-Each pattern is a list of operations for :func:`experiments.allocator.replay.simulate`
+Each pattern is a list of operations for :func:`experiments.allocator.model.simulate`
 (the model) and :func:`experiments.allocator_gpu.run_ops` (the GPU), so the prediction
 and the measurement run exactly the same steps. Sizes are in bytes unless a name says MiB.
 """
@@ -11,7 +11,7 @@ from typing import Any
 from ..core.registry import Param
 from ..core.units import KiB, MiB
 
-# One tensor each: every boundary of the rounding rules (allocator-rules.md §I.1).
+# One tensor each: every boundary of the rounding rules (experiments/doctor/RULES.md §I.1).
 PROBE_SIZES = (1, 511, 512, 513, 1000, 100 * KiB, MiB - 1, MiB, MiB + 1, 2 * MiB, 5 * MiB, 10 * MiB - 1,
                10 * MiB, 10 * MiB + 1, 11 * MiB, 19 * MiB + MiB // 2, 20 * MiB, 21 * MiB + 1, 100 * MiB + 3)
 

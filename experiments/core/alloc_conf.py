@@ -4,7 +4,7 @@ The allocator reads its settings once, when CUDA initialises, so every setting i
 tried in a fresh process (:mod:`experiments.runner`). Option names and the release
 that introduced each come from ``c10/cuda/CUDAAllocatorConfig.h`` and
 ``c10/core/AllocatorConfig.h`` of the 2.4.1 ... 2.14.1 wheels (see the background
-note allocator-rules.md §G) and the CUDA semantics notes,
+note experiments/doctor/RULES.md §G) and the CUDA semantics notes,
 https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf
 """
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-from .device import torch_version
 from .text import close_names
 
 
@@ -46,6 +45,14 @@ KNOWN_OPTIONS: dict[str, AllocOption] = {o.name: o for o in [
     AllocOption("pinned_max_cached_size_mb", "int", (2, 14), "pinned blocks above this (MiB) are freed, not cached"),
     AllocOption("pinned_free_catch_all", "bool", (2, 14), "swallow errors when freeing pinned memory at shutdown"),
 ]}
+
+
+def torch_version() -> tuple[int, int]:
+    """(major, minor) of the installed torch. Imported only when asked: parsing settings needs
+    no torch (the allocator doctor runs where there is none)."""
+    from .device import torch_version as installed
+
+    return installed()
 
 
 class UnsupportedOptionError(ValueError):

@@ -30,8 +30,9 @@ NUMBERS: tuple[int, ...] = tuple(c.number for c in CHAPTERS)
 
 @dataclasses.dataclass(frozen=True)
 class Command:
-    """A command-line subcommand that a chapter provides: ``experiments.<module>`` has
-    ``add_parser(subparsers)``, imported only when the command is used (core imports no chapter)."""
+    """A command-line subcommand that a chapter or a tool package provides: ``experiments.<module>``
+    has ``add_parser(subparsers)``, imported only when the command is used (core imports no
+    chapter)."""
 
     name: str
     module: str
@@ -39,7 +40,7 @@ class Command:
 
 
 COMMANDS: tuple[Command, ...] = (
-    Command("doctor", "allocator.doctor", "replay a memory snapshot exactly and compare allocator settings"),
+    Command("doctor", "doctor.cli", "replay a memory snapshot exactly and compare allocator settings"),
 )
 
 

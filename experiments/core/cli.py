@@ -14,14 +14,18 @@ import json
 import sys
 from pathlib import Path
 
+from typing import Any
+
 from . import chapters
 from .tables import Table
-from . import claims as claims_mod
-from . import registry, store
-from .device import has_cuda
+
+# registry, store, claims and device import torch: each command imports what it uses, so that
+# a command that needs no torch (doctor) starts in a fraction of a second.
 
 
-def _select(chapter: int | None, experiment_ids: list[str] | None) -> list[registry.Experiment]:
+def _select(chapter: int | None, experiment_ids: list[str] | None) -> list[Any]:
+    from . import registry
+
     if experiment_ids:
         return [registry.get(e) for e in experiment_ids]
     exps = registry.all_experiments(chapter)
@@ -31,6 +35,8 @@ def _select(chapter: int | None, experiment_ids: list[str] | None) -> list[regis
 
 
 def cmd_record(args: argparse.Namespace) -> int:
+    from . import registry
+
     exps = _select(args.chapter, args.experiment)
     paths, failures = registry.record(exps, root=Path(args.out) if args.out else None, progress=not args.quiet)
     for p in paths:
@@ -41,6 +47,8 @@ def cmd_record(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    from . import registry, store
+
     rows = []
     for e in registry.all_experiments(args.chapter):
         gpus = store.recorded_gpus(e.id)
@@ -50,6 +58,9 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_claims(args: argparse.Namespace) -> int:
+    from . import claims as claims_mod
+    from .device import has_cuda
+
     mode = "recorded" if args.recorded else "live"
     if mode == "live" and not has_cuda():
         print("no CUDA GPU visible: evaluating the results recorded on the lab GPU (say --recorded to "
@@ -66,6 +77,7 @@ def cmd_claims(args: argparse.Namespace) -> int:
 
 def cmd_grade(args: argparse.Namespace) -> int:
     from . import grading
+    from .device import has_cuda
 
     if not args.timeout > 0:
         raise ValueError(f"--timeout must be > 0 seconds, got {args.timeout:g}")

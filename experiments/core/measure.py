@@ -176,7 +176,7 @@ class MemoryStats:
 
     ``active`` includes blocks freed by Python but held back by ``record_stream``
     events; ``allocated`` drops at free time, so ``allocated_peak`` misses them
-    (allocator-rules §A.12, and ``c10/cuda/CUDACachingAllocator.cpp``, ``free``).
+    (experiments/doctor/RULES.md §A.12, and ``c10/cuda/CUDACachingAllocator.cpp``, ``free``).
     """
 
     allocated: int

@@ -1,6 +1,6 @@
-"""Replaying a snapshot's trace through the engine: exactly, and under other settings.
+"""Replaying a snapshot's trace through the engine, exactly, checked event by event.
 
-:func:`replay` drives :class:`experiments.allocator.engine.Engine` with the requests of a
+:func:`replay` drives :class:`experiments.doctor.engine.Engine` with the requests of a
 trace (alloc, free_requested, free_completed) under the settings the program ran with,
 handing it the segment addresses the driver chose. After every request it checks that the
 engine made exactly the segment allocations and releases the trace shows, at that event,
@@ -20,12 +20,8 @@ Things a trace does not say, and how they are recovered:
 * Blocks allocated before recording began: their segments and blocks are rebuilt from the
   frees of unknown blocks, the releases of unknown segments and the final state.
 
-:func:`what_if` runs the same requests on a fresh engine under other settings or a cap,
-with addresses of its own; a request that failed on the GPU (an ``oom`` entry) is tried
-again, and a request that does not fit is counted and skipped (its frees too).
-
-:func:`simulate` runs a chapter-1 operation list (alloc, free, empty_cache, snapshot) on a
-fresh engine of one stream, and :func:`request_anatomy` shows what one request gets.
+The request list a replay recovers (:attr:`Run.requests`) is what
+:func:`experiments.doctor.whatif.what_if` runs again under other settings or a cap.
 """
 from __future__ import annotations
 
@@ -33,13 +29,12 @@ import dataclasses
 import gc
 from array import array
 from bisect import bisect_right, insort
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Sequence
 
-from .engine import DEFAULT_POOL, H200_TOTAL_MEMORY, Engine, EngineOutOfMemory
-from .model import (DEFAULT, ROUND_LARGE, SMALL_SIZE, STATE_ALLOCATED, AllocatorConfig, normalize_ops, op_label,
-                    pool_of, round_size)
-from .trace import (starting_state, ALLOC, FREE_DONE, FREE_REQ, OOM, SEG_ALLOC, SEG_FREE, SEG_MAP, SEG_UNMAP, SNAPSHOT,
-                              ACTIONS, Trace)
+from .engine import DEFAULT_POOL, Engine, EngineOutOfMemory
+from .rules import SMALL_SIZE
+from .trace import (ALLOC, FREE_DONE, FREE_REQ, OOM, SEG_ALLOC, SEG_FREE, SEG_MAP, SEG_UNMAP, SNAPSHOT, Trace,
+                    starting_state)
 
 # request kinds
 R_ALLOC, R_FREE_REQ, R_FREE_DONE, R_EMPTY, R_RETRY = range(5)
@@ -497,103 +492,4 @@ def replay(trace: Trace, *, cap_bytes: int | None = None, total_memory: int | No
     return run
 
 
-# ----------------------------------------------------------------------------- operation lists (chapter 1)
-
-def _layout(engine: Engine) -> list[dict[str, Any]]:
-    """The engine's segments in the chapter's snapshot format (no stream or pool id; a free
-    block's requested_size is 0)."""
-    return [{"address": s["address"], "total_size": s["total_size"], "pool": s["pool"],
-             "is_expandable": s["is_expandable"],
-             "blocks": [{"size": b["size"], "state": b["state"],
-                         "requested_size": b["requested_size"] if b["state"] == STATE_ALLOCATED else 0}
-                        for b in s["blocks"]]} for s in engine.segments()]
-
-
-def _increasing_addresses(engine: Engine) -> None:
-    """New segments and ranges get increasing addresses from 2^32 (segment order = creation order)."""
-    nxt = [1 << 32]
-
-    def hook(size: int) -> int:
-        addr, nxt[0] = nxt[0], nxt[0] + -(-size // ROUND_LARGE) * ROUND_LARGE
-        return addr
-    engine.address_hook = hook
-
-
-def simulate(
-    ops: Iterable[Sequence[Any]],
-    config: AllocatorConfig | Mapping[str, Any] | str | None = None,
-    *,
-    cap_bytes: int | None = None,
-    total_memory: int = H200_TOTAL_MEMORY,
-) -> dict[str, Any]:
-    """Run a sequence of operations (see :func:`experiments.allocator.model.normalize_ops`)
-    through the engine (one device, one stream, the default pool).
-
-    ``total_memory`` (bytes) sets an expandable segment's virtual range (default: the lab H200).
-    Returns the same structure as the GPU worker
-    (:func:`experiments.allocator_gpu.run_ops`): ``labels``, ``allocated_bytes`` and
-    ``reserved_bytes`` after each alloc/free/empty_cache (lists of equal length),
-    ``snapshots`` (label -> segments), ``oom`` (None, or the figures of the failed
-    request with its ``step``; the sequence stops there and a snapshot 'oom' is added),
-    ``num_alloc_retries`` and ``num_ooms``.
-
-    Raises:
-        ValueError: a malformed sequence or setting.
-    """
-    if cap_bytes is not None and (isinstance(cap_bytes, bool) or cap_bytes < 1):
-        raise ValueError(f"cap_bytes must be a positive number of bytes or None, got {cap_bytes!r}")
-    cfg = config if isinstance(config, AllocatorConfig) else AllocatorConfig.from_settings(config)
-    # reserved bytes are whole, so comparing them with floor(cap) is the same as with cap
-    engine = Engine(cfg, cap_bytes=None if cap_bytes is None else int(cap_bytes), total_memory=total_memory)
-    _increasing_addresses(engine)
-    live: dict[str, Any] = {}
-    out: dict[str, Any] = {"labels": [], "allocated_bytes": [], "reserved_bytes": [], "snapshots": {}, "oom": None}
-    for op in normalize_ops(ops):
-        if op[0] == "snapshot":
-            out["snapshots"][op[1]] = _layout(engine)
-            continue
-        label = op_label(op)
-        if op[0] == "alloc":
-            try:
-                live[op[1]] = engine.malloc(op[2])
-            except EngineOutOfMemory as e:
-                f = e.figures
-                out["oom"] = {"step": len(out["labels"]), **f,
-                              "reserved_unallocated_bytes": f["reserved_bytes"] - f["allocated_bytes"],
-                              "cap_bytes": cap_bytes or 0}
-                label += " → OOM"
-        elif op[0] == "free":
-            block = live.pop(op[1])
-            engine.free_requested(block)
-            engine.free_completed(block)
-        else:
-            engine.empty_cache()
-        out["labels"].append(label)
-        out["allocated_bytes"].append(engine.allocated_bytes)
-        out["reserved_bytes"].append(engine.reserved_bytes)
-        if out["oom"] is not None:
-            out["snapshots"]["oom"] = _layout(engine)
-            break
-    out["num_alloc_retries"] = engine.num_alloc_retries
-    out["num_ooms"] = engine.num_ooms
-    return out
-
-
-def request_anatomy(nbytes: int, config: AllocatorConfig = DEFAULT) -> dict[str, Any]:
-    """What one tensor of ``nbytes`` gets from an empty allocator.
-
-    Returns:
-        dict with request_bytes, rounded_bytes, pool, block_bytes (may exceed the rounded
-        size when a large-pool remainder of at most 1 MiB is not split off),
-        segment_bytes (segment or mapped pages), remainder_bytes (free tail in that
-        segment) and split (whether the tail became a separate free block).
-    """
-    engine = Engine(config)
-    block = engine.malloc(nbytes)
-    seg = engine.segments()[0]
-    rounded = round_size(nbytes, config)
-    return {
-        "request_bytes": nbytes, "rounded_bytes": rounded, "pool": pool_of(rounded),
-        "block_bytes": block.size, "segment_bytes": seg["total_size"],
-        "remainder_bytes": seg["total_size"] - block.size, "split": len(seg["blocks"]) > 1,
-    }
+__all__ = ["Run", "replay"]

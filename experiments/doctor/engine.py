@@ -1,7 +1,7 @@
 """The caching allocator of one device with streams, private pools, a cap and expandable segments.
 
-This is the engine of the allocator doctor (:mod:`experiments.allocator.doctor`). It follows
-``c10/cuda/CUDACachingAllocator.cpp`` (torch 2.11) as written down in allocator-rules.md:
+This is the engine of the allocator doctor (:mod:`experiments.doctor`). It follows
+``c10/cuda/CUDACachingAllocator.cpp`` (torch 2.11) as written down in RULES.md:
 
 * a block belongs to the stream it was allocated on; free blocks are kept per (pool, stream)
   in lists sorted by (size, address), so best fit is one ``bisect`` (§A.6, §B.1);
@@ -18,7 +18,7 @@ This is the engine of the allocator doctor (:mod:`experiments.allocator.doctor`)
   ``ceil(1.125 × device memory / page)`` pages, and a new range opens when a request does not
   fit in the existing ones (§C; ``ExpandableSegment`` in the torch source).
 
-Sizes, rounding and the settings parser come from :mod:`experiments.allocator.model`.
+Sizes, rounding and the settings parser come from :mod:`experiments.doctor.rules`.
 Segment addresses are the driver's choice: give the engine the addresses a trace recorded
 (``addresses``) to reproduce a run block for block; otherwise a top-down first-fit address
 space stands in for the driver. Sizes are in bytes.
@@ -29,10 +29,11 @@ from bisect import bisect_left, insort
 from collections import deque
 from typing import Any, Callable, Iterable
 
-from .model import (DEFAULT, LARGE_BUFFER, MIN_BLOCK_SIZE, SMALL_BUFFER, SMALL_SIZE, AllocatorConfig,
-                              allocation_size, format_bytes, round_size)
+from ..core.units import format_bytes
+from .rules import (DEFAULT, LARGE_BUFFER, MIN_BLOCK_SIZE, SMALL_BUFFER, SMALL_SIZE, AllocatorConfig,
+                    allocation_size, round_size)
 
-H200_TOTAL_MEMORY = 150_109_880_320   # totalGlobalMem of the lab H200 (allocator-rules.md §I)
+H200_TOTAL_MEMORY = 150_109_880_320   # totalGlobalMem of the lab H200 (RULES.md §I)
 DEFAULT_POOL = (0, 0)
 
 
@@ -128,7 +129,7 @@ class Engine:
     """The caching allocator of one device.
 
     Args:
-        config: allocator settings (:class:`experiments.allocator.model.AllocatorConfig`).
+        config: allocator settings (:class:`experiments.doctor.rules.AllocatorConfig`).
         cap_bytes: memory cap in bytes (``fraction × total memory``), or None.
         total_memory: the device's memory in bytes; sets the expandable range size
             (default: the lab H200's 150,109,880,320 B).
@@ -281,7 +282,7 @@ class Engine:
         """Release every whole free segment (whole free pages with expandable segments) of the
         pools in ``pools`` (ids; all pools when None). ``torch.cuda.empty_cache()`` releases the
         default pools and every private pool no graph or MemPool holds any more; deleting a
-        MemPool releases that pool's (allocator-rules.md §A.9, §D)."""
+        MemPool releases that pool's (RULES.md §A.9, §D)."""
         self.events = []
         self._release_cached(None if pools is None else set(pools))
 
@@ -331,7 +332,7 @@ class Engine:
             return b
         if b.seg.expandable:
             if not self.config.expandable_segments:
-                # Expandable blocks are skipped when the setting is off (allocator-rules §A.13).
+                # Expandable blocks are skipped when the setting is off (RULES.md §A.13).
                 while i < len(keys) and fl.blocks[keys[i][1]].seg.expandable:
                     i += 1
                 if i == len(keys):

@@ -4,14 +4,14 @@ A snapshot is what ``torch.cuda.memory._snapshot()`` returns (or what
 ``torch.cuda.memory._dump_snapshot(path)`` pickles): ``segments`` (the state at the end),
 ``device_traces`` (per device, the events since ``_record_memory_history`` was turned on)
 and ``allocator_settings``. The doctor also reads its own compact JSON form
-(:func:`experiments.allocator.doctor_gpu.compact_snapshot`) and a recorded run of
+(:func:`compact_snapshot`) and a recorded run of
 ``alloc.doctor_snapshots``.
 
 :func:`load` opens a file with a restricted unpickler that accepts only the plain types a
 snapshot is made of (dict, list, tuple, str, bytes, int, float, bool, None): any pickle that
 names a class or function is refused before anything in it runs.
 
-Trace format: allocator-rules.md §E.2 and ``torch/cuda/_memory_viz.py`` (``trace``,
+Trace format: RULES.md §E.2 and ``torch/cuda/_memory_viz.py`` (``trace``,
 ``segsum``): each entry has action (alloc, free_requested, free_completed, segment_alloc,
 segment_free, segment_map, segment_unmap, snapshot, oom), addr (device_free for oom), size
 (the unrounded request for alloc/free_*; bytes for segment_*) and stream.
@@ -27,8 +27,8 @@ import zlib
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from .engine import DEFAULT_POOL, Block, Segment
-from .model import (LARGE_BUFFER, SMALL_BUFFER, SMALL_SIZE, MiB, ROUNDUP_INTERVALS, AllocatorConfig, round_size)
+from .engine import DEFAULT_POOL, Block, Engine, Segment
+from .rules import (LARGE_BUFFER, SMALL_BUFFER, SMALL_SIZE, MiB, ROUNDUP_INTERVALS, AllocatorConfig, round_size)
 
 # Event codes: small ints keep the replay loop fast.
 ALLOC, FREE_REQ, FREE_DONE, SEG_ALLOC, SEG_FREE, SEG_MAP, SEG_UNMAP, SNAPSHOT, OOM, UNKNOWN = range(10)
@@ -36,6 +36,7 @@ ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segmen
            "segment_unmap", "snapshot", "oom")
 _CODE = {a: i for i, a in enumerate(ACTIONS)}
 IGNORED_ACTIONS = ("annotate", "user_defined")   # markers that do not touch memory
+FORMAT = "memlab-snapshot-1"                      # the doctor's compact JSON form (compact_snapshot)
 
 
 class SnapshotError(ValueError):
@@ -242,6 +243,42 @@ def read(source: str | Path | bytes | Mapping[str, Any], device: int = 0) -> Tra
                  unknown)
 
 
+def compact_snapshot(snap: Mapping[str, Any], device: int = 0) -> dict[str, Any]:
+    """The doctor's compact JSON form of a ``torch.cuda.memory._snapshot()`` dict.
+
+    Returns:
+        dict with format ('memlab-snapshot-1'); trace_z: the trace of ``device`` as text,
+        one line 'action addr size stream' per entry (for 'oom' the addr slot holds
+        device_free), zlib-compressed and base64-encoded so that a recorded file stays small
+        and one JSON string; trace_events (the number of entries); segments (per segment:
+        address, total_size, stream, segment_type, segment_pool_id, is_expandable, blocks as
+        [address, size, requested_size, state]) and allocator_settings. Frames, times and
+        annotations are dropped: the doctor does not need them.
+    """
+    traces = snap.get("device_traces") or [[]]
+    trace = traces[device] if device < len(traces) else []
+    lines = []
+    for e in trace:
+        addr = e.get("device_free", 0) if e["action"] == "oom" else e.get("addr", 0)
+        lines.append(f"{e['action']} {int(addr)} {int(e.get('size', 0))} {int(e.get('stream', 0))}")
+    packed = base64.b64encode(zlib.compress("\n".join(lines).encode(), 9)).decode()
+    segs = []
+    for s in snap.get("segments", []):
+        if int(s.get("device", 0)) != device:
+            continue
+        segs.append({
+            "address": int(s["address"]), "total_size": int(s["total_size"]), "stream": int(s.get("stream", 0)),
+            "segment_type": s.get("segment_type", "large"),
+            "segment_pool_id": [int(x) for x in s.get("segment_pool_id", (0, 0))],
+            "is_expandable": bool(s.get("is_expandable", False)),
+            "blocks": [[int(b["address"]), int(b["size"]), int(b.get("requested_size", 0)), str(b["state"])]
+                       for b in s["blocks"]],
+        })
+    settings = snap.get("allocator_settings", {})
+    return {"format": FORMAT, "trace_events": len(lines), "trace_z": packed, "segments": segs,
+            "allocator_settings": {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in settings.items()}}
+
+
 @dataclasses.dataclass
 class StartState:
     """What :func:`starting_state` rebuilt: blocks as (address, engine block, stream, pool id),
@@ -435,5 +472,5 @@ def _seed_ranges(trace: Trace, engine: Any, state: "StartState", init_blocks: di
         state.blocks += [(a, blk, g["stream"], g["pool"]) for a, blk in sorted(made.items())]
 
 
-__all__ = ["ACTIONS", "SnapshotError", "StartState", "Trace", "config_from_snapshot", "load", "read", "seed_segment",
+__all__ = ["ACTIONS", "FORMAT", "compact_snapshot", "SnapshotError", "StartState", "Trace", "config_from_snapshot", "load", "read", "seed_segment",
            "starting_state"]
