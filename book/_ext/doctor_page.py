@@ -11,6 +11,10 @@ and styles to that page only (every other page's weight stays as it was):
 - ``_static/doctor/doctor-py-<hash>.zip``: the doctor's Python files (:func:`doctor_zip`: the
   package ``experiments.doctor`` and the modules it imports that run without torch, numpy or
   matplotlib) and ``doctor_worker.py``, the page's Python half;
+- ``_static/doctor/pyodide-snapshot-<hash>.bin``: Pyodide's memory after starting Python and
+  importing the doctor (:func:`memory_snapshot`), which the worker restores in well under a
+  second where a plain start takes several on a 2-core machine; without it (or if it fails)
+  the worker starts Python the plain way;
 - on the page: ``doctor-page.js`` (the controls, the progress, the figure as SVG),
   ``doctor.css``, and ``window.memlabDoctor``, the paths and the file size limit. The worker
   (``doctor-worker.mjs``) fetches Pyodide and the zip only when the reader picks a file.
@@ -18,11 +22,12 @@ and styles to that page only (every other page's weight stays as it was):
 from __future__ import annotations
 
 import ast
+import gzip
 import hashlib
 import io
 import json
 import shutil
-import sys
+import subprocess
 import zipfile
 from pathlib import Path
 
@@ -33,6 +38,7 @@ PAGE = "book/check_snapshot"                 # the page's docname
 PYODIDE_FILES = ("pyodide.mjs", "pyodide.asm.mjs", "pyodide.asm.wasm", "python_stdlib.zip")
 LIMIT_MB = 256                               # the largest file the page takes (the page says so)
 ENTRY_MODULES = ("experiments.doctor", "experiments.doctor.cli")
+NOT_SHIPPED = ("experiments.doctor.figure",)   # the notebook's matplotlib figure: the page draws its own
 # Imports that do not exist in the page's Python: a module that needs one at import time
 # stays out of the zip (e.g. the notebook figure's plotting module).
 UNAVAILABLE = ("torch", "numpy", "matplotlib", "IPython", "ipywidgets", "jsonschema", "tqdm", "PIL")
@@ -137,7 +143,8 @@ def doctor_modules(entries: tuple[str, ...] = ENTRY_MODULES) -> list[str]:
     Starting from ``entries``, every module they import (at import time or inside a function)
     is followed; a module that needs one of :data:`UNAVAILABLE` at import time, directly or
     through another module, is left out with what it leads to (it could not run there), and so
-    is a module that only such a module leads to. Parent packages' ``__init__`` are included.
+    is a module that only such a module leads to, and :data:`NOT_SHIPPED`. Parent packages'
+    ``__init__`` are included.
 
     Raises:
         ShipError: an entry module is missing or cannot be imported without torch/numpy/matplotlib.
@@ -171,7 +178,7 @@ def doctor_modules(entries: tuple[str, ...] = ENTRY_MODULES) -> list[str]:
     keep, todo = set(), list(entries)
     while todo:
         name = todo.pop()
-        if name in keep or not ok(name):
+        if name in keep or name in NOT_SHIPPED or not ok(name):
             continue
         keep.add(name)
         top, lazy, _ = scan(name)
@@ -195,17 +202,55 @@ def doctor_zip() -> bytes:
 
 # ----------------------------------------------------------------------------- Sphinx
 
+def memory_snapshot(zip_data: bytes) -> Path:
+    """Pyodide's memory snapshot with the doctor imported (``doctor_snapshot.mjs``, run by Node),
+    kept in ``node_modules/.cache/`` under a key of the Pyodide version, the zip and the script.
+
+    Raises:
+        ShipError: no Node.js, or the script failed.
+    """
+    script = HERE / "doctor_snapshot.mjs"
+    key = hashlib.sha256(pyodide_version().encode() + zip_data + script.read_bytes()).hexdigest()[:12]
+    out = ROOT / "node_modules" / ".cache" / "memlab-doctor" / f"pyodide-snapshot-{key}.bin"
+    if out.exists():
+        return out
+    node = shutil.which("node")
+    if node is None:
+        raise ShipError("Node.js is needed to prepare Pyodide's start (it comes with npm; Debian: apt-get install npm)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for old in out.parent.glob("pyodide-snapshot-*.bin"):
+        old.unlink()
+    zpath = out.with_suffix(".zip")
+    zpath.write_bytes(zip_data)
+    try:
+        r = subprocess.run([node, str(script), str(pyodide_dir()), str(zpath), str(out)],
+                           capture_output=True, text=True, timeout=600)
+    finally:
+        zpath.unlink()
+    if r.returncode != 0 or not out.exists():
+        raise ShipError(f"{script.name} failed: {(r.stderr or r.stdout)[-2000:]}")
+    # gzip'd here, not left to the web server: hosts compress text, not .bin (31 MB -> 7 MB). The
+    # worker looks at the first bytes, so a host that decompresses it on the way does no harm.
+    raw = out.read_bytes()
+    tmp = out.with_suffix(".tmp")
+    tmp.write_bytes(gzip.compress(raw, compresslevel=6, mtime=0))
+    tmp.replace(out)
+    return out
+
+
 def _builder_inited(app):
     if app.builder.format != "html":
         return
     try:
         pyodide_dir()
         data = doctor_zip()
+        snapshot = memory_snapshot(data)
     except ShipError as e:
         from sphinx.errors import ExtensionError
 
         raise ExtensionError(f"the page {PAGE}: {e}") from None
     app.memlab_doctor_zip = (f"doctor-py-{hashlib.sha256(data).hexdigest()[:12]}.zip", data)
+    app.memlab_doctor_snapshot = snapshot
     # What the command line offers (--suggest appeared after the page): the controls follow it.
     import doctor_worker
 
@@ -216,6 +261,7 @@ def _page_context(app, pagename, templatename, context, doctree):
     if pagename != PAGE or not hasattr(app, "memlab_doctor_zip"):
         return
     config = {"pyodide": f"pyodide-{pyodide_version()}/", "zip": f"doctor/{app.memlab_doctor_zip[0]}",
+              "snapshot": f"doctor/{app.memlab_doctor_snapshot.name}",
               "worker": "doctor-worker.mjs", "limitBytes": LIMIT_MB * 1000 * 1000, "pyodideVersion": pyodide_version(),
               "options": app.memlab_doctor_options}
     # Called in html-page-context, add_js_file/add_css_file add to this page only.
@@ -240,6 +286,7 @@ def _build_finished(app, exception):
     zdir.mkdir(parents=True)
     name, data = app.memlab_doctor_zip
     (zdir / name).write_bytes(data)
+    shutil.copyfile(app.memlab_doctor_snapshot, zdir / app.memlab_doctor_snapshot.name)
 
 
 def _outdated(app, env, added, changed, removed):

@@ -74,9 +74,20 @@ def options() -> dict[str, Any]:
 
 
 def warm_up() -> None:
-    """Import what a run needs (the doctor's modules and the parser), before the file is read."""
-    _doctor_subparser()
-    import experiments.doctor  # noqa: F401
+    """Import everything a run needs (lazy imports included) by running the doctor once on an
+    empty snapshot with a what-if: the page's worker does this before the reader's file is read,
+    and the build does it before it takes Pyodide's memory snapshot (doctor_snapshot.mjs)."""
+    import os
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "empty.json")
+        with open(path, "w") as f:
+            json.dump({"segments": [], "device_traces": [[]]}, f)
+        res = run(path, ["expandable_segments:True,max_split_size_mb:64"], cap_bytes=1 << 30)
+    if not res["ok"]:
+        raise RuntimeError(f"the doctor failed on an empty snapshot: {res}")
+    details(res["report"])
 
 
 def _doctor_subparser() -> argparse.ArgumentParser:
@@ -159,7 +170,8 @@ def run(path: str, what_if: Sequence[str] = (), *, cap_bytes: int | None = None,
 
     kept: dict[str, Any] = {}
     timings: dict[str, Any] = {"what_if": []}
-    real_doctor, real_replay, real_what_if = cli.doctor, report_mod.replay, report_mod._what_if
+    real_doctor = cli.doctor
+    real_replay, real_what_if = getattr(report_mod, "replay", None), getattr(report_mod, "_what_if", None)
 
     # The command calls doctor(), which reads, replays, then runs each what-if: watch those
     # calls to keep the report and to tell the page how far it got.
@@ -188,7 +200,13 @@ def run(path: str, what_if: Sequence[str] = (), *, cap_bytes: int | None = None,
         return out
 
     out = io.StringIO()
-    cli.doctor, report_mod.replay, report_mod._what_if = doctor, replay, what_if_run
+    # Only the report is needed (cli.doctor); the two others only tell the page the progress,
+    # so a later doctor that names them otherwise still runs, with less said on the way.
+    patches = [(cli, "doctor", doctor, real_doctor)] + [
+        (report_mod, name, fake, real) for name, fake, real in
+        (("replay", replay, real_replay), ("_what_if", what_if_run, real_what_if)) if real is not None]
+    for mod, name, fake, _ in patches:
+        setattr(mod, name, fake)
     try:
         with contextlib.redirect_stdout(out):
             args.func(args)
@@ -199,7 +217,8 @@ def run(path: str, what_if: Sequence[str] = (), *, cap_bytes: int | None = None,
                 "error": "error: the snapshot does not fit in this browser tab's memory; run the doctor on your "
                          "machine: pip install cuda-memory-lab, then python -m experiments doctor FILE"}
     finally:
-        cli.doctor, report_mod.replay, report_mod._what_if = real_doctor, real_replay, real_what_if
+        for mod, name, _, real in patches:
+            setattr(mod, name, real)
     text = out.getvalue()
     rep = kept["report"]
     timings["total"] = time.perf_counter() - t0

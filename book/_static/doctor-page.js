@@ -218,7 +218,7 @@
     }
     started = performance.now();
     setBusy(true);
-    setStage(readyPending ? "loading Python (first time: about 13 MB from this site)" : "reading the file", null);
+    setStage(readyPending ? "loading Python (the first time about 13 MB from this site)" : "reading the file", null);
     results.hidden = true;
     let bytes;
     try {
@@ -249,6 +249,7 @@
         return;
       }
       root.dataset.firstResultSeconds = ((performance.now() - started) / 1000).toFixed(2);
+      root.dataset.seconds = JSON.stringify(answer.seconds);
       showResult(answer);
       setStage("writing the report and the segments at the peak", null);
       worker.postMessage({ type: "details" });
@@ -344,7 +345,8 @@
       const pts = (ys) => r.x.map((x, i) => X(x).toFixed(1) + "," + Y(ys[i]).toFixed(1)).join(" ");
       s.append(svg("polyline", { points: pts(r.allocated), fill: "none", stroke: color, "stroke-width": 1,
                                  "stroke-dasharray": "4 3", opacity: 0.9 }));
-      s.append(svg("polyline", { points: pts(r.reserved), fill: "none", stroke: color, "stroke-width": 2,
+      // The recorded run drawn wider, under the what-ifs: a what-if that changes nothing lies on it.
+      s.append(svg("polyline", { points: pts(r.reserved), fill: "none", stroke: color, "stroke-width": k ? 1.75 : 4,
                                  class: "memlab-doctor-reserved" }));
       for (const i of r.ooms) {
         s.append(svg("line", { x1: X(i), x2: X(i), y1: h - m.b, y2: h - m.b - 8, stroke: color, "stroke-width": 2 }));

@@ -25,15 +25,33 @@ async function start() {
   const base = new URL(config.pyodide, config.base).href;
   stage("loading Python (Pyodide " + config.pyodideVersion + ")", 1, 3);
   const { loadPyodide } = await import(base + "pyodide.mjs");
-  const marks = { module: performance.now() - t0 };
-  py = await loadPyodide({
+  const marks = { module: performance.now() - t0, snapshot: false };
+  const options = {
     indexURL: base,
     // The page loads no package; with these, Pyodide has no reason to ask its CDN for one.
     packageBaseUrl: base,
     lockFileURL: base + "pyodide-lock.json",
     stdout: () => {},
     stderr: () => {},
-  });
+  };
+  if (config.snapshot) {
+    // Python already started, with the doctor imported (made at build time by doctor_snapshot.mjs).
+    try {
+      const snap = fetch(new URL(config.snapshot, config.base)).then(async (r) => {
+        if (!r.ok) throw new Error("HTTP " + r.status);
+        const head = new Uint8Array(await r.clone().arrayBuffer(), 0, 2);
+        // gzip'd at build time (book/_ext/doctor_page.py), unless the host already undid it
+        if (head[0] !== 0x1f || head[1] !== 0x8b) return r.arrayBuffer();
+        return new Response(r.body.pipeThrough(new DecompressionStream("gzip"))).arrayBuffer();
+      });
+      py = await loadPyodide({ ...options, _loadSnapshot: snap });
+      marks.snapshot = true;
+    } catch (err) {
+      marks.snapshotError = String((err && err.message) || err);
+      py = null;
+    }
+  }
+  if (!py) py = await loadPyodide(options);
   marks.python = performance.now() - t0;
   stage("loading the doctor", 2, 3);
   const zip = await fetch(new URL(config.zip, config.base)).then((r) => {
@@ -41,11 +59,12 @@ async function start() {
     return r.arrayBuffer();
   });
   marks.zip = performance.now() - t0;
+  // The files back the modules a snapshot already holds (tracebacks) and any it does not.
   py.unpackArchive(zip, "zip", { extractDir: "/home/pyodide/memlab" });
-  py.runPython("import sys; sys.path.insert(0, '/home/pyodide/memlab')");
+  py.runPython("import sys\nif '/home/pyodide/memlab' not in sys.path: sys.path.insert(0, '/home/pyodide/memlab')");
   stage("starting the doctor", 3, 3);
   driver = py.pyimport("doctor_worker");
-  driver.warm_up();
+  if (!marks.snapshot) driver.warm_up();
   py.FS.mkdirTree("/snapshots");
   marks.doctor = performance.now() - t0;
   // Milliseconds since the start at the end of each step (the page keeps them for the tests).
