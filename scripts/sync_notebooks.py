@@ -52,7 +52,7 @@ except importlib.metadata.PackageNotFoundError:
 import experiments'''
 
 DIST = "cuda-memory-lab"  # [project] name in pyproject.toml
-MYST_PAGES = ("check_snapshot",)  # book/*.md pages without a notebook that {ref} may point at
+MYST_PAGES = ("snapshot_check",)  # book/*.md pages without a notebook that {ref} may point at
 
 
 def repo_url() -> str:

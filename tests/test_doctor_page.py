@@ -24,7 +24,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 EXT = ROOT / "book" / "_ext"
 RECORDED = ROOT / "experiments" / "recorded" / "alloc.doctor_snapshots" / "nvidia-h200.json"
-PAGE = "book/check_snapshot.html"
+PAGE = "book/snapshot_check.html"
 
 
 def _ext(name: str):
@@ -262,11 +262,11 @@ def test_pins_and_what_the_page_states_agree():
     lock = json.loads((ROOT / "package-lock.json").read_text())
     assert lock["packages"]["node_modules/pyodide"]["version"] == version == "314.0.7"
     assert lock["packages"][""]["dependencies"]["pyodide"] == version
-    text = " ".join((ROOT / "book" / "check_snapshot.md").read_text().split())
+    text = " ".join((ROOT / "book" / "snapshot_check.md").read_text().split())
     assert f"[Pyodide](https://pyodide.org/) {version}," in text, "the page names the Pyodide version it ships"
     assert page.LIMIT_MB >= 200 and f"up to {page.LIMIT_MB} MB" in text
     toc = (ROOT / "_toc.yml").read_text()
-    assert "book/check_snapshot" in toc
+    assert "book/snapshot_check" in toc
 
 
 def test_pyodide_ships_only_its_runtime_and_a_lock_without_packages():
@@ -591,7 +591,7 @@ def test_a_result_fits_the_screen_and_is_screenshotted(chromium, site, tmp_path,
         assert got["error"] is None, got["error"]
         tab.page.wait_for_timeout(300)
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-        tab.page.screenshot(path=str(SCREENSHOTS / f"check_snapshot-{width}.png"), full_page=True)
+        tab.page.screenshot(path=str(SCREENSHOTS / f"snapshot_check-{width}.png"), full_page=True)
         wide = tab.page.evaluate(f"""() => [...document.querySelectorAll('article *')]
             .filter(e => e.getBoundingClientRect().right > {width} + 1 && getComputedStyle(e).position !== 'fixed')
             .filter(e => !e.closest('.memlab-scroll, .highlight, pre'))
@@ -617,7 +617,7 @@ def test_the_download_sizes_the_page_states_are_what_the_site_ships(site):
     files = [f for d in (*site["dir"].glob("_static/pyodide-*"), site["dir"] / "_static" / "doctor") for f in d.iterdir()]
     stored = sum(f.stat().st_size for f in files)
     sent = sum(min(f.stat().st_size, len(gzip.compress(f.read_bytes(), 6))) for f in files)
-    text = " ".join((ROOT / "book" / "check_snapshot.md").read_text().split())
+    text = " ".join((ROOT / "book" / "snapshot_check.md").read_text().split())
     m = re.search(r"about (\d+) MB over the network the first time \((\d+) MB unpacked", text)
     assert m, "the page states what it downloads"
     print(f"shipped for the page: {stored / 1e6:.1f} MB stored, {sent / 1e6:.1f} MB gzip'd, in {len(files)} files")

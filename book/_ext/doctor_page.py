@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent.parent
 HERE = Path(__file__).resolve().parent
 NODE_PYODIDE = ROOT / "node_modules" / "pyodide"
-PAGE = "book/check_snapshot"                 # the page's docname
+PAGE = "book/snapshot_check"                 # the page's docname
 PYODIDE_FILES = ("pyodide.mjs", "pyodide.asm.mjs", "pyodide.asm.wasm", "python_stdlib.zip")
 LIMIT_MB = 256                               # the largest file the page takes (the page says so)
 ENTRY_MODULES = ("experiments.doctor", "experiments.doctor.cli")
