@@ -208,7 +208,7 @@ def test_load_snapshot_reads_a_dumped_pickle(tmp_path):
     path.write_bytes(pickle.dumps(SNAPSHOT))
     assert parse_segments(load_snapshot(path)) == parse_segments(SNAPSHOT)
     (tmp_path / "bad.pickle").write_bytes(pickle.dumps(42))
-    with pytest.raises(ValueError, match="does not hold a memory snapshot"):
+    with pytest.raises(ValueError, match="is not a memory snapshot"):
         load_snapshot(tmp_path / "bad.pickle")
 
 

@@ -13,10 +13,11 @@ OOM text: ``c10/cuda/CUDACachingAllocator.cpp`` (the ``malloc`` error path).
 """
 from __future__ import annotations
 
-import pickle
 import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
+
+from ..doctor.loader import load
 
 KiB, MiB, GiB, TiB = 1024, 1024**2, 1024**3, 1024**4
 
@@ -28,17 +29,19 @@ class PoolIdsMissingError(LookupError):
 
 
 def load_snapshot(source: str | Path | Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> Any:
-    """A snapshot from a dict/list, or from a pickle written by ``torch.cuda.memory._dump_snapshot``.
+    """A snapshot from a dict/list, or from a file written by ``torch.cuda.memory._dump_snapshot``
+    (a pickle, gzip'd or not) or saved as JSON.
+
+    Files go through the allocator doctor's one restricted, size-bounded loader
+    (:func:`experiments.doctor.loader.load`): a pickle that names code is refused before
+    anything in it runs. A trace comes back as a table that reads like torch's list of dicts.
 
     Raises:
-        ValueError: a file that is not a pickled snapshot.
+        ValueError: a file that is missing, not a snapshot, or over the loader's limits
+            (:class:`experiments.doctor.loader.SnapshotError`).
     """
     if isinstance(source, (str, Path)):
-        with open(source, "rb") as f:
-            data = pickle.load(f)  # only open snapshots you wrote yourself: pickle runs code
-        if not isinstance(data, (dict, list)):
-            raise ValueError(f"{source} does not hold a memory snapshot (got a {type(data).__name__})")
-        return data
+        return load(source, need_trace=False)
     return source
 
 

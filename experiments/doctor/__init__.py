@@ -9,8 +9,10 @@ browser. Chapter 1 imports it; it imports no chapter. Its modules, in the order 
   the rules file they cite ships beside them (``RULES.md``);
 * :mod:`.engine` — the allocator of one device built on those rules (streams, private pools,
   a cap and the out-of-memory path, expandable segments);
-* :mod:`.trace` — reading a snapshot (``_dump_snapshot`` pickle or the compact JSON form)
-  into a normalised trace, with a restricted loader that runs no code;
+* :mod:`.loader` and :mod:`.unpickle` — the one restricted, bounded loader of snapshots
+  (``_dump_snapshot`` pickles of protocols 0-5, gzip'd or not, JSON, the compact form):
+  no code runs, and every limit is checked before the memory is spent;
+* :mod:`.trace` — a loaded snapshot checked and normalised into a trace of columns;
 * :mod:`.replay` — the exact replay, checked event by event against the trace;
 * :mod:`.whatif` — the same requests under other settings or a cap;
 * :mod:`.report` — :func:`doctor` and its :class:`Report`; :mod:`.figure` draws it;
@@ -18,10 +20,11 @@ browser. Chapter 1 imports it; it imports no chapter. Its modules, in the order 
 """
 from .rules import AllocatorConfig, round_size  # noqa: F401
 from .engine import Engine, EngineOutOfMemory  # noqa: F401
-from .trace import SnapshotError, Trace, compact_snapshot, load, read  # noqa: F401
+from .loader import InputError, Limits, SnapshotError, load  # noqa: F401
+from .trace import Trace, compact_snapshot, read  # noqa: F401
 from .replay import Run, replay  # noqa: F401
 from .whatif import what_if  # noqa: F401
 from .report import Report, doctor  # noqa: F401
 
-__all__ = ["AllocatorConfig", "Engine", "EngineOutOfMemory", "Report", "Run", "SnapshotError", "Trace",
+__all__ = ["AllocatorConfig", "Engine", "EngineOutOfMemory", "InputError", "Limits", "Report", "Run", "SnapshotError", "Trace",
            "compact_snapshot", "doctor", "load", "read", "replay", "round_size", "what_if"]

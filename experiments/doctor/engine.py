@@ -95,11 +95,11 @@ class _FreeList:
 
 
 class _AddressSpace:
-    """Top-down first fit over [2^48, 2^49): where a run without the driver's addresses puts segments."""
+    """Top-down first fit over [2^48, 2^60): where a run without the driver's addresses puts segments."""
 
     def __init__(self) -> None:
         # above every user-space address a driver hands out, so it never meets a recorded one
-        self.free = [(1 << 48, 1 << 49)]  # (start, end), sorted by start
+        self.free = [(1 << 48, 1 << 60)]  # (start, end), sorted by start; room for thousands of ranges
 
     def take(self, size: int) -> int:
         size = -(-size // SMALL_BUFFER) * SMALL_BUFFER

@@ -32,6 +32,7 @@ from bisect import bisect_right, insort
 from typing import Any, Sequence
 
 from .engine import DEFAULT_POOL, Engine, EngineOutOfMemory
+from .loader import ImpossibleTraceError
 from .rules import SMALL_SIZE
 from .trace import (ALLOC, FREE_DONE, FREE_REQ, OOM, SEG_ALLOC, SEG_FREE, SEG_MAP, SEG_UNMAP, SNAPSHOT, Trace,
                     starting_state)
@@ -172,8 +173,11 @@ class _Replayer:
         # which segment_alloc / range survives to the end: its pool id is in the final state
         survives = [False] * n
         alive: set[int] = set()
+        codes, addrs = ev.codes, ev.addrs
         for i in range(n - 1, -1, -1):
-            code, addr = ev[i][0], ev[i][1]
+            code = codes[i]
+            if code == SEG_FREE or code == SEG_ALLOC:
+                addr = addrs[i]
             if code == SEG_FREE:
                 alive.add(addr)
             elif code == SEG_ALLOC:
@@ -190,13 +194,15 @@ class _Replayer:
         try:
             run.initial = self._seed()
             stop = n if self.stop_at is None else min(n, self.stop_at)
-            for i in range(stop):
-                code, addr, size, stream = ev[i]
+            for i, code, addr, size, stream in zip(range(stop), ev.codes, ev.addrs, ev.sizes, ev.streams):
                 if code == FREE_REQ:
                     if buf:
                         self._flush_empty(i, buf)
                     blk = live.pop(addr, None)
                     if blk is None:
+                        if self._containing(addr) is None:
+                            raise ImpossibleTraceError(f"trace entry {i} (free_requested): frees a block at "
+                                                       f"{addr:#x} that no segment holds (an impossible trace)")
                         raise _Mismatch(i, "free_requested", f"free of an unknown block at {addr:#x}")
                     free_req(blk)
                     pending[addr] = blk
@@ -206,6 +212,9 @@ class _Replayer:
                         self._flush_empty(i, buf)
                     blk = pending.pop(addr, None)
                     if blk is None:
+                        if self._containing(addr) is None:
+                            raise ImpossibleTraceError(f"trace entry {i} (free_completed): completes a free at "
+                                                       f"{addr:#x} that no segment holds (an impossible trace)")
                         raise _Mismatch(i, "free_completed", f"completion of a free that was never requested "
                                         f"at {addr:#x}")
                     free_done(blk)
@@ -488,7 +497,7 @@ def replay(trace: Trace, *, cap_bytes: int | None = None, total_memory: int | No
     r.stop_at = stop_at
     with _no_gc():
         run = r.run()
-    run.oom_events = sum(1 for e in trace.events if e[0] == OOM)
+    run.oom_events = trace.events.codes.count(OOM)
     return run
 
 

@@ -22,6 +22,8 @@ from typing import Any, Mapping, Sequence
 from ..core.tables import Table
 from ..core.units import format_bytes
 from .engine import H200_TOTAL_MEMORY
+from .entries import SIZE_LIMIT
+from .loader import DEFAULT_LIMITS, InputError, Limits
 from .replay import Run, replay
 from .rules import AllocatorConfig
 from .trace import Trace, read
@@ -158,7 +160,8 @@ class Report:
 
 
 def doctor(snapshot: Any, what_if: Sequence[str] = (), *, cap_bytes: int | None = None,
-           cap_fraction: float | None = None, device: int = 0, show: bool = False) -> Report:
+           cap_fraction: float | None = None, device: int = 0, show: bool = False,
+           limits: Limits = DEFAULT_LIMITS) -> Report:
     """Replay ``snapshot`` and answer the what-ifs.
 
     Args:
@@ -168,20 +171,27 @@ def doctor(snapshot: Any, what_if: Sequence[str] = (), *, cap_bytes: int | None 
             device's memory: the snapshot's ``device_total_bytes`` or the H200's); default the
             cap the snapshot records, if any.
         show: in a notebook, display the report and the figure.
+        limits: what the loader accepts (:class:`experiments.doctor.loader.Limits`).
 
     Raises:
-        SnapshotError: not a readable snapshot. ValueError: bad settings or cap.
+        InputError (a ValueError): not a readable snapshot (SnapshotError), an impossible
+            trace, bad settings or cap; the message is one line naming what is wrong. Any
+            other exception is a bug in the doctor.
     """
     if cap_bytes is not None and cap_fraction is not None:
-        raise ValueError("give cap_bytes or cap_fraction, not both")
-    if cap_bytes is not None and (isinstance(cap_bytes, bool) or not isinstance(cap_bytes, int) or cap_bytes < 0):
-        raise ValueError(f"cap_bytes must be a whole number of bytes >= 0, got {cap_bytes!r}")
-    if cap_fraction is not None and not (isinstance(cap_fraction, (int, float)) and 0 < cap_fraction <= 1):
-        raise ValueError(f"cap_fraction must be in (0, 1], got {cap_fraction!r}")
+        raise InputError("give cap_bytes or cap_fraction, not both")
+    if cap_bytes is not None and (isinstance(cap_bytes, bool) or not isinstance(cap_bytes, int)
+                                  or not 0 <= cap_bytes < SIZE_LIMIT):
+        raise InputError(f"cap_bytes must be a whole number of bytes in [0, {SIZE_LIMIT:#x}), got {cap_bytes!r}")
+    if cap_fraction is not None and (isinstance(cap_fraction, bool) or not isinstance(cap_fraction, (int, float))
+                                     or not 0 < cap_fraction <= 1):
+        raise InputError(f"cap_fraction must be in (0, 1], got {cap_fraction!r}")
+    if isinstance(device, bool) or not isinstance(device, int) or device < 0:
+        raise InputError(f"device must be a device index >= 0, got {device!r}")
     if isinstance(what_if, str):
         what_if = [what_if]
     configs = [(s, _config(s)) for s in what_if]
-    trace = read(snapshot, device=device)
+    trace = read(snapshot, device=device, limits=limits)
     total = trace.total_memory or H200_TOTAL_MEMORY
     cap = cap_bytes if cap_bytes is not None else int(cap_fraction * total) if cap_fraction else trace.cap_bytes
     base = replay(trace, total_memory=total)

@@ -4,12 +4,13 @@ A snapshot is what ``torch.cuda.memory._snapshot()`` returns (or what
 ``torch.cuda.memory._dump_snapshot(path)`` pickles): ``segments`` (the state at the end),
 ``device_traces`` (per device, the events since ``_record_memory_history`` was turned on)
 and ``allocator_settings``. The doctor also reads its own compact JSON form
-(:func:`compact_snapshot`) and a recorded run of
-``alloc.doctor_snapshots``.
+(:func:`compact_snapshot`) and a recorded run of ``alloc.doctor_snapshots``.
 
-:func:`load` opens a file with a restricted unpickler that accepts only the plain types a
-snapshot is made of (dict, list, tuple, str, bytes, int, float, bool, None): any pickle that
-names a class or function is refused before anything in it runs.
+Files are opened by the one restricted, bounded loader (:mod:`experiments.doctor.loader`):
+a pickle that names a class or function is refused before anything in it runs, and every
+size is checked before the memory is spent. :func:`read` then checks the fields the doctor
+uses (types, ranges, and that the final blocks tile their segments) and keeps one device's
+trace as columns (:class:`Events`), about 30 bytes an event.
 
 Trace format: RULES.md §E.2 and ``torch/cuda/_memory_viz.py`` (``trace``,
 ``segsum``): each entry has action (alloc, free_requested, free_completed, segment_alloc,
@@ -20,79 +21,71 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import io
-import json
-import pickle
 import zlib
+from array import array
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from .engine import DEFAULT_POOL, Block, Engine, Segment
+from .loader import DEFAULT_LIMITS, ImpossibleTraceError, InputError, Limits, SnapshotError, load, trace_rows
 from .rules import (LARGE_BUFFER, SMALL_BUFFER, SMALL_SIZE, MiB, ROUNDUP_INTERVALS, AllocatorConfig, round_size)
+from .entries import ADDR_LIMIT, IGNORED_CODE, SIZE_LIMIT, Rows
 
-# Event codes: small ints keep the replay loop fast.
+# Event codes: small ints keep the replay loop fast (the codes of experiments.doctor.unpickle).
 ALLOC, FREE_REQ, FREE_DONE, SEG_ALLOC, SEG_FREE, SEG_MAP, SEG_UNMAP, SNAPSHOT, OOM, UNKNOWN = range(10)
 ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
            "segment_unmap", "snapshot", "oom")
-_CODE = {a: i for i, a in enumerate(ACTIONS)}
 IGNORED_ACTIONS = ("annotate", "user_defined")   # markers that do not touch memory
 FORMAT = "memlab-snapshot-1"                      # the doctor's compact JSON form (compact_snapshot)
 
 
-class SnapshotError(ValueError):
-    """The input is not a memory snapshot the doctor can read (the message says why)."""
+class Events(Sequence):
+    """A trace's events as columns: ``codes`` (array of ALLOC ... OOM, UNKNOWN), ``addrs``
+    (device_free for OOM), ``sizes`` and ``streams`` (arrays of int64). ``events[i]`` is the
+    tuple (code, addr, size, stream); iterating yields those tuples."""
 
+    __slots__ = ("codes", "addrs", "sizes", "streams")
 
-class _PlainUnpickler(pickle.Unpickler):
-    """Unpickles only built-in containers and scalars; every global is refused."""
+    def __init__(self, codes: Any = None, addrs: Any = None, sizes: Any = None, streams: Any = None) -> None:
+        self.codes = codes if codes is not None else array("B")
+        self.addrs = addrs if addrs is not None else array("q")
+        self.sizes = sizes if sizes is not None else array("q")
+        self.streams = streams if streams is not None else array("q")
 
-    def find_class(self, module: str, name: str) -> Any:
-        raise SnapshotError(f"refusing to load {module}.{name} from the pickle: a memory snapshot holds only "
-                            "dicts, lists, strings and numbers (is this file really from _dump_snapshot?)")
+    @classmethod
+    def of(cls, events: Sequence[tuple[int, int, int, int]]) -> "Events":
+        """From (code, addr, size, stream) tuples (tests, synthetic traces)."""
+        if isinstance(events, Events):
+            return events
+        out = cls()
+        for c, a, s, st in events:
+            out.append(c, a, s, st)
+        return out
 
+    def append(self, code: int, addr: int, size: int, stream: int) -> None:
+        self.codes.append(code)
+        self.addrs.append(addr)
+        self.sizes.append(size)
+        self.streams.append(stream)
 
-def load(source: str | Path | bytes | Mapping[str, Any]) -> dict[str, Any]:
-    """A snapshot dict from a path (a ``_dump_snapshot`` pickle or a JSON file), bytes, or a dict.
+    def __len__(self) -> int:
+        return len(self.codes)
 
-    Raises:
-        SnapshotError: the file is missing, truncated, not a pickle or JSON, holds anything but
-            plain data, or is not a snapshot.
-    """
-    if isinstance(source, Mapping):
-        data: Any = source
-    else:
-        if isinstance(source, (str, Path)):
-            try:
-                raw = Path(source).read_bytes()
-            except OSError as e:
-                raise SnapshotError(f"cannot read {source}: {e.strerror or e}") from None
-            name = str(source)
-        elif isinstance(source, bytes):
-            raw, name = source, "the bytes given"
-        else:
-            raise SnapshotError(f"a snapshot is a path, bytes or a dict, got {type(source).__name__}")
-        if raw[:1] in (b"{", b"["):
-            try:
-                data = json.loads(raw)
-            except ValueError as e:
-                raise SnapshotError(f"{name} is not valid JSON ({e})") from None
-        else:
-            try:
-                data = _PlainUnpickler(io.BytesIO(raw)).load()
-            except SnapshotError:
-                raise
-            except (EOFError, pickle.UnpicklingError, ValueError, TypeError, IndexError, KeyError,
-                    OverflowError, MemoryError) as e:
-                raise SnapshotError(f"{name} is not a complete memory snapshot pickle "
-                                    f"({type(e).__name__}: {e or 'truncated'})") from None
-    if isinstance(data, Mapping) and "snapshot" in data and isinstance(data["snapshot"], Mapping):
-        run = data
-        data = dict(data["snapshot"])
-        data.setdefault("recorded_settings", run.get("settings"))
-    if not isinstance(data, Mapping) or not ("segments" in data and ("device_traces" in data or "trace_z" in data)):
-        raise SnapshotError("not a memory snapshot: expected a dict with 'segments' and 'device_traces' "
-                            "(torch.cuda.memory._snapshot() with _record_memory_history on)")
-    return dict(data)
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        return (self.codes[i], self.addrs[i], self.sizes[i], self.streams[i])
+
+    def __iter__(self) -> Iterator[tuple[int, int, int, int]]:
+        return zip(self.codes, self.addrs, self.sizes, self.streams)
+
+    def __reversed__(self) -> Iterator[tuple[int, int, int, int]]:
+        return zip(reversed(self.codes), reversed(self.addrs), reversed(self.sizes), reversed(self.streams))
+
+    def __eq__(self, other: Any) -> bool:
+        return list(self) == list(other) if isinstance(other, (Events, list, tuple)) else NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
 
 
 @dataclasses.dataclass
@@ -100,8 +93,8 @@ class Trace:
     """One device's trace, normalised.
 
     Attributes:
-        events: tuples (code, addr, size, stream), code one of ALLOC ... OOM; for OOM the
-            addr is device_free.
+        events: :class:`Events` (code, addr, size, stream), code one of ALLOC ... OOM; for
+            OOM the addr is device_free.
         segments: the final state: dicts with address, total_size, stream, pool ('small' or
             'large'), pool_id (tuple), is_expandable and blocks [(address, size, requested, state)].
         settings: the ``PYTORCH_CUDA_ALLOC_CONF`` string the program ran with ('' for defaults).
@@ -111,9 +104,13 @@ class Trace:
         skipped: how many entries of ignored kinds (annotations) were dropped.
         unknown: {event index: action} of entries of kinds the doctor does not know (their
             code is UNKNOWN; the replay stops at the first).
+        stacks: per event, an index into ``stack_table`` (-1: no stack recorded), or None
+            when the snapshot has no stacks; ``stack_table`` holds each stack as a tuple of
+            (filename, line, name), innermost frame first.
+        block_stacks: {block address: stack} for the blocks of the final state that carry one.
     """
 
-    events: list[tuple[int, int, int, int]]
+    events: Events
     segments: list[dict[str, Any]]
     settings: str
     config: AllocatorConfig
@@ -121,6 +118,30 @@ class Trace:
     cap_bytes: int | None = None
     skipped: int = 0
     unknown: dict[int, str] = dataclasses.field(default_factory=dict)
+    stacks: Any = None
+    stack_table: list[tuple] = dataclasses.field(default_factory=list)
+    block_stacks: dict[int, tuple] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.events, Events):
+            self.events = Events.of(self.events)
+
+    def frames(self, event: int) -> list[tuple[str, int, str]]:
+        """The stack recorded with trace event ``event``: (filename, line, name), innermost first."""
+        if self.stacks is None or not 0 <= event < len(self.stacks):
+            return []
+        s = self.stacks[event]
+        return list(self.stack_table[s]) if s >= 0 else []
+
+
+def _setting(settings: Mapping[str, Any], name: str, kinds: tuple[type, ...], default: Any) -> Any:
+    v = settings.get(name, default)
+    if v is None:
+        return default
+    if type(v) not in kinds:
+        raise SnapshotError(f"allocator_settings: '{name}' must be {' or '.join(k.__name__ for k in kinds)}, "
+                            f"got {type(v).__name__} {str(v)[:40]!r}")
+    return v
 
 
 def config_from_snapshot(settings: Mapping[str, Any] | None) -> tuple[str, AllocatorConfig]:
@@ -133,26 +154,32 @@ def config_from_snapshot(settings: Mapping[str, Any] | None) -> tuple[str, Alloc
     max_non_split_rounding_mb) are read from that string.
 
     Raises:
-        SnapshotError: values the allocator would not accept.
+        SnapshotError: a field of the wrong type, or values the allocator would not accept
+            (the message names the field).
     """
-    if not settings:
+    if settings is None or (isinstance(settings, Mapping) and not settings):
         return "", AllocatorConfig()
-    text = str(settings.get("PYTORCH_CUDA_ALLOC_CONF") or "")
+    if not isinstance(settings, Mapping):
+        raise SnapshotError(f"'allocator_settings' must be a dict, got {type(settings).__name__}")
+    text = _setting(settings, "PYTORCH_CUDA_ALLOC_CONF", (str,), "")
     try:
         kw: dict[str, Any] = {}
-        mss = settings.get("max_split_size", -1)
-        if isinstance(mss, int) and 0 < mss < (1 << 62):
-            kw["max_split_size"] = int(mss)
-        gc = float(settings.get("garbage_collection_threshold", 0) or 0)
+        mss = _setting(settings, "max_split_size", (int,), -1)
+        if 0 < mss < (1 << 62):
+            kw["max_split_size"] = mss
+        gc = _setting(settings, "garbage_collection_threshold", (int, float), 0)
         if gc:
-            kw["garbage_collection_threshold"] = gc
-        kw["expandable_segments"] = bool(settings.get("expandable_segments", False))
-        rd = settings.get("roundup_power2_divisions")
-        if isinstance(rd, Mapping) and rd:
+            kw["garbage_collection_threshold"] = float(gc)
+        kw["expandable_segments"] = _setting(settings, "expandable_segments", (bool,), False)
+        rd = _setting(settings, "roundup_power2_divisions", (dict,), {})
+        if rd:
             table = [0] * ROUNDUP_INTERVALS
-            for k, v in rd.items():
-                idx = min(int(k).bit_length() - 1, ROUNDUP_INTERVALS - 1)
-                table[idx] = int(v)
+            for k, v in list(rd.items())[:64]:
+                if type(k) is not str or not k.isdigit() or len(k) > 8 or type(v) is not int:
+                    raise SnapshotError(f"allocator_settings: 'roundup_power2_divisions' maps MiB sizes to "
+                                        f"division counts, got {str(k)[:20]!r}: {str(v)[:20]!r}")
+                idx = min(max(int(k).bit_length() - 1, 0), ROUNDUP_INTERVALS - 1)
+                table[idx] = v
             kw["roundup_divisions"] = tuple(table)
         if text:
             from ..core.alloc_conf import parse
@@ -163,84 +190,154 @@ def config_from_snapshot(settings: Mapping[str, Any] | None) -> tuple[str, Alloc
             if "max_non_split_rounding_mb" in extra:
                 kw["max_non_split_rounding"] = int(extra["max_non_split_rounding_mb"]) * MiB
         return text, AllocatorConfig(**kw)
+    except SnapshotError:
+        raise
     except (TypeError, ValueError) as e:
         raise SnapshotError(f"the snapshot's allocator_settings are not valid: {e}") from None
 
 
-def _trace_rows(snap: Mapping[str, Any], device: int) -> list[Sequence[Any]]:
-    if "trace_z" in snap:
-        try:
-            text = zlib.decompress(base64.b64decode(snap["trace_z"])).decode()
-        except (ValueError, zlib.error) as e:
-            raise SnapshotError(f"the compact trace is damaged ({e})") from None
-        return [line.split(" ") for line in text.split("\n")] if text else []
-    traces = snap.get("device_traces")
-    if not isinstance(traces, Sequence) or isinstance(traces, (str, bytes)):
-        raise SnapshotError("device_traces must be a list (one trace per device)")
-    if device >= len(traces):
-        if device == 0:
-            return []
-        raise SnapshotError(f"device must be below {len(traces)} (the devices in the trace), got {device}")
-    out = []
-    for e in traces[device]:
-        if not isinstance(e, Mapping) or "action" not in e:
-            raise SnapshotError("each trace entry must be a dict with an 'action'")
-        a = e["action"]
-        out.append((a, e.get("device_free", 0) if a == "oom" else e.get("addr", 0), e.get("size", 0),
-                    e.get("stream", 0)))
-    return out
+def _int_field(obj: Mapping[str, Any], name: str, where: str, limit: int, default: Any = ...) -> int:
+    v = obj.get(name, default)
+    if v is ...:
+        raise SnapshotError(f"{where}: '{name}' is missing")
+    if type(v) is not int or not 0 <= v < limit:
+        text = repr(v)
+        raise SnapshotError(f"{where}: '{name}' must be a whole number in [0, {limit:#x}), got "
+                            f"{text if len(text) < 50 else text[:47] + '...'}")
+    return v
 
 
-def read(source: str | Path | bytes | Mapping[str, Any], device: int = 0) -> Trace:
-    """Load a snapshot (see :func:`load`) and normalise one device's trace.
+def _segments(snap: Mapping[str, Any], device: int, limits: Limits) -> tuple[list[dict[str, Any]], dict[int, tuple]]:
+    """The final state, checked: types, ranges, blocks that tile their segment, no overlaps."""
+    raw = snap.get("segments")
+    if isinstance(raw, (str, bytes, Mapping)) or not isinstance(raw, Sequence):
+        raise SnapshotError(f"'segments' must be a list, got {type(raw).__name__}")
+    if len(raw) > limits.max_segments:
+        raise SnapshotError(f"{len(raw):,} segments is over the limit of {limits.max_segments:,}")
+    for k, s in enumerate(raw):
+        if not isinstance(s, Mapping):
+            raise SnapshotError(f"segments[{k}] must be a dict, got {type(s).__name__}")
+        bl = s.get("blocks")
+        if isinstance(bl, (str, bytes, Mapping)) or not isinstance(bl, Sequence):
+            raise SnapshotError(f"segments[{k}]: 'blocks' must be a list, got {type(bl).__name__}")
+    # lengths first: shared references can make a small file describe billions of blocks
+    nblocks = sum(len(s["blocks"]) for s in raw)
+    if nblocks > limits.max_blocks:
+        raise SnapshotError(f"the segments hold {nblocks:,} blocks, over the limit of {limits.max_blocks:,}")
+    out, stacks = [], {}
+    for k, s in enumerate(raw):
+        where = f"segments[{k}]"
+        dev = s.get("device", device)
+        if type(dev) is not int:
+            raise SnapshotError(f"{where}: 'device' must be a whole number, got {type(dev).__name__}")
+        if dev != device:
+            continue
+        addr = _int_field(s, "address", where, ADDR_LIMIT)
+        total = _int_field(s, "total_size", where, SIZE_LIMIT)
+        stream = _int_field(s, "stream", where, ADDR_LIMIT, 0)
+        pool = s.get("segment_type", "large")
+        if pool not in ("small", "large"):
+            raise SnapshotError(f"{where}: 'segment_type' must be 'small' or 'large', got {str(pool)[:20]!r}")
+        pid = s.get("segment_pool_id") or (0, 0)
+        if not isinstance(pid, (list, tuple)) or len(pid) != 2 or any(type(x) is not int for x in pid):
+            raise SnapshotError(f"{where}: 'segment_pool_id' must be a pair of whole numbers, got {str(pid)[:40]}")
+        expandable = s.get("is_expandable", False)
+        if type(expandable) is not bool:
+            raise SnapshotError(f"{where}: 'is_expandable' must be True or False, got {str(expandable)[:20]}")
+        blocks = []
+        for j, b in enumerate(s["blocks"]):
+            bw = f"{where}.blocks[{j}]"
+            if isinstance(b, Mapping):
+                ba = _int_field(b, "address", bw, ADDR_LIMIT)
+                bs = _int_field(b, "size", bw, SIZE_LIMIT)
+                req = _int_field(b, "requested_size", bw, SIZE_LIMIT, 0)
+                st = b.get("state")
+                fr = b.get("frames")
+                if fr:
+                    stacks[ba] = _stack_of(fr)
+            elif isinstance(b, (list, tuple)) and len(b) == 4:
+                ba, bs, req, st = b
+                for name, v, lim in (("address", ba, ADDR_LIMIT), ("size", bs, SIZE_LIMIT), ("requested_size", req, SIZE_LIMIT)):
+                    _int_field({name: v}, name, bw, lim)
+            else:
+                raise SnapshotError(f"{bw} must be a dict or [address, size, requested_size, state]")
+            if st not in ("active_allocated", "active_pending_free", "inactive"):
+                raise SnapshotError(f"{bw}: 'state' must be active_allocated, active_pending_free or inactive, "
+                                    f"got {str(st)[:30]!r}")
+            blocks.append((ba, bs, req, st))
+        blocks.sort()
+        pos = addr
+        for j, (ba, bs, _, _) in enumerate(blocks):
+            if ba != pos:
+                what = "overlaps the block before it" if ba < pos else "leaves a gap before it"
+                raise SnapshotError(f"{where}: the block at {ba:#x} {what} (blocks must tile their segment; an "
+                                    "impossible layout)")
+            pos = ba + bs
+        if blocks and pos != addr + total:
+            raise SnapshotError(f"{where}: its blocks add up to {pos - addr:,} bytes, not its total_size {total:,}")
+        out.append({"address": addr, "total_size": total, "stream": stream, "pool": pool,
+                    "pool_id": (pid[0], pid[1]), "is_expandable": expandable, "blocks": blocks})
+    out.sort(key=lambda s: s["address"])
+    for a, b in zip(out, out[1:]):
+        if a["address"] + a["total_size"] > b["address"]:
+            raise SnapshotError(f"the segments at {a['address']:#x} and {b['address']:#x} overlap (an impossible layout)")
+    return out, stacks
+
+
+def _stack_of(frames: Any) -> tuple:
+    if isinstance(frames, tuple):            # a stack the loader already interned
+        return frames
+    if not isinstance(frames, list):
+        return ()
+    return tuple((str(f.get("filename", "?"))[:500], f.get("line") if type(f.get("line")) is int else 0,
+                  str(f.get("name", "?"))[:200]) for f in frames[:200] if isinstance(f, Mapping))
+
+
+def read(source: str | Path | bytes | Mapping[str, Any], device: int = 0, limits: Limits = DEFAULT_LIMITS) -> Trace:
+    """Load a snapshot (:func:`experiments.doctor.loader.load`) and normalise one device's trace.
 
     Raises:
-        SnapshotError: not a snapshot, or entries with non-numeric fields.
+        SnapshotError: not a snapshot, a field of the wrong type or out of range, an
+            impossible layout (named by field, segment or trace entry), or a limit exceeded.
     """
     if isinstance(device, bool) or not isinstance(device, int) or device < 0:
         raise SnapshotError(f"device must be a device index >= 0, got {device!r}")
-    snap = load(source)
-    events, skipped, unknown = [], 0, {}
-    for i, row in enumerate(_trace_rows(snap, device)):
-        code = _CODE.get(row[0])
-        if code is None:
-            if row[0] in IGNORED_ACTIONS:
-                skipped += 1
-                continue
-            # kept: the replay stops here and says so (a newer torch may trace more kinds)
-            unknown[len(events)] = str(row[0])
-            code = UNKNOWN
-        try:
-            events.append((code, int(row[1]), int(row[2]), int(row[3])))
-        except (TypeError, ValueError):
-            raise SnapshotError(f"trace entry {i}: addr, size and stream must be integers, got {row[1:]!r}") from None
-    segments = []
-    raw_segments = snap.get("segments")
-    if not isinstance(raw_segments, Sequence):
-        raise SnapshotError("'segments' must be a list")
-    for s in raw_segments:
-        if not isinstance(s, Mapping) or "address" not in s or "blocks" not in s:
-            raise SnapshotError("each segment needs 'address', 'total_size' and 'blocks'")
-        if int(s.get("device", device)) != device:
-            continue
-        blocks = []
-        for b in s["blocks"]:
-            if isinstance(b, Mapping):
-                blocks.append((int(b["address"]), int(b["size"]), int(b.get("requested_size", 0)), str(b["state"])))
-            else:
-                blocks.append((int(b[0]), int(b[1]), int(b[2]), str(b[3])))
-        pid = s.get("segment_pool_id") or (0, 0)
-        segments.append({"address": int(s["address"]), "total_size": int(s["total_size"]),
-                         "stream": int(s.get("stream", 0)), "pool": s.get("segment_type", "large"),
-                         "pool_id": (int(pid[0]), int(pid[1])), "is_expandable": bool(s.get("is_expandable")),
-                         "blocks": sorted(blocks)})
+    snap = load(source, limits)
+    rows = trace_rows(snap, device, limits)
+    events, stacks, unknown, skipped = _events_of(rows)
+    if 0 in events.sizes:
+        for i, (c, s) in enumerate(zip(events.codes, events.sizes)):
+            if s == 0 and c != SNAPSHOT and c != UNKNOWN:
+                raise ImpossibleTraceError(f"trace entry {i} ({ACTIONS[c]}): 'size' is 0 (the allocator never "
+                                           "records a zero-byte request or segment; an impossible trace)")
+    segments, block_stacks = _segments(snap, device, limits)
     text, config = config_from_snapshot(snap.get("allocator_settings"))
-    if not text and snap.get("recorded_settings"):
-        text = str(snap["recorded_settings"])
+    recorded = snap.get("recorded_settings")
+    if not text and recorded:
+        if not isinstance(recorded, str):
+            raise SnapshotError(f"'recorded_settings' must be a string, got {type(recorded).__name__}")
+        text = recorded
     total = snap.get("device_total_bytes")
     cap = snap.get("memory_cap_bytes")
-    return Trace(events, segments, text, config, int(total) if total else None, int(cap) if cap else None, skipped,
-                 unknown)
+    for name, v in (("device_total_bytes", total), ("memory_cap_bytes", cap)):
+        if v is not None and (type(v) is not int or not 0 <= v < SIZE_LIMIT):
+            raise SnapshotError(f"'{name}' must be a whole number of bytes in [0, {SIZE_LIMIT:#x}), got {str(v)[:40]!r}")
+    return Trace(events, segments, text, config, total or None, cap or None, skipped, unknown,
+                 stacks if rows.stack_table else None, rows.stack_table, block_stacks)
+
+
+def _events_of(rows: Rows) -> tuple[Events, Any, dict[int, str], int]:
+    """Rows -> Events, dropping annotations; the columns are shared when there are none."""
+    codes = rows.codes
+    if IGNORED_CODE not in codes:
+        return Events(codes, rows.addrs, rows.sizes, rows.streams), rows.stacks, dict(rows.unknown), 0
+    keep = [i for i, c in enumerate(codes) if c != IGNORED_CODE]
+    ev = Events(array("B", [codes[i] for i in keep]), array("q", [rows.addrs[i] for i in keep]),
+                array("q", [rows.sizes[i] for i in keep]), array("q", [rows.streams[i] for i in keep]))
+    new_index = {old: new for new, old in enumerate(keep)}
+    unknown = {new_index[i]: a for i, a in rows.unknown.items() if i in new_index}
+    stacks = array("l", [rows.stacks[i] for i in keep])
+    return ev, stacks, unknown, len(codes) - len(keep)
 
 
 def compact_snapshot(snap: Mapping[str, Any], device: int = 0) -> dict[str, Any]:
@@ -472,5 +569,5 @@ def _seed_ranges(trace: Trace, engine: Any, state: "StartState", init_blocks: di
         state.blocks += [(a, blk, g["stream"], g["pool"]) for a, blk in sorted(made.items())]
 
 
-__all__ = ["ACTIONS", "FORMAT", "compact_snapshot", "SnapshotError", "StartState", "Trace", "config_from_snapshot", "load", "read", "seed_segment",
+__all__ = ["ACTIONS", "Events", "FORMAT", "InputError", "compact_snapshot", "SnapshotError", "StartState", "Trace", "config_from_snapshot", "load", "read", "seed_segment",
            "starting_state"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from .engine import Engine, EngineOutOfMemory
+from .loader import InputError
 from .replay import R_ALLOC, R_EMPTY, R_FREE_DONE, R_FREE_REQ, Run, _finish, _no_gc
 from .rules import AllocatorConfig
 
@@ -117,10 +118,13 @@ def _run_requests(base: Run, config: AllocatorConfig, settings: str, cap_bytes: 
 
 
 def _config(settings: str) -> AllocatorConfig:
+    """The settings of a what-if. Raises InputError naming the settings and what is wrong."""
+    if not isinstance(settings, str):
+        raise InputError(f"what-if settings must be a string like 'expandable_segments:True', got {settings!r:.60}")
     try:
         return AllocatorConfig.from_settings(settings or None)
     except ValueError as e:
-        raise ValueError(f"what-if settings {settings!r}: {e}") from None
+        raise InputError(f"what-if settings {settings!r}: {e}") from None
 
 
 __all__ = ["what_if"]

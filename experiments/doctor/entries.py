@@ -1,0 +1,546 @@
+"""Trace entries of a snapshot pickle as rows of columns, and the fast path that reads them.
+
+Part of the restricted reader (:mod:`experiments.doctor.unpickle`). A trace entry (a dict with
+an 'action') becomes one row of a :class:`Rows` table: action code, address, size, stream,
+and an interned stack, about 30 bytes instead of about 500. After the first entry of a given
+layout has been read opcode by opcode, :meth:`EntryReader._learn` compiles the layout into a
+regular expression of its exact opcode bytes (keys as memo references, values as captured
+integer or memo-reference opcodes), and :meth:`EntryReader._try_fast` matches the entries
+that follow many at a time in C; an entry that does not match exactly (a new string, a new
+stack frame, a pickle frame boundary) is read opcode by opcode. A match is the unique
+decoding of those bytes, so both paths give the same rows (tested against ``pickle.loads``).
+"""
+from __future__ import annotations
+
+import re
+import struct
+from array import array
+from operator import methodcaller
+from typing import Any, Iterator
+
+_I4 = struct.Struct("<i").unpack_from
+_U4 = struct.Struct("<I").unpack_from
+# Trace actions and their codes (the order of experiments.doctor.trace.ACTIONS).
+ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
+           "segment_unmap", "snapshot", "oom")
+IGNORED = ("annotate", "user_defined")      # markers that do not touch memory: code IGNORED_CODE
+IGNORED_CODE = 10
+UNKNOWN_CODE = 9                            # any other action: the name is kept in Rows.unknown
+ACTION_CODE = {a: i for i, a in enumerate(ACTIONS)} | {a: IGNORED_CODE for a in IGNORED}
+OOM_CODE = ACTION_CODE["oom"]
+# Fields every memory action must carry (an 'oom' entry has device_free where the others have addr).
+_NEEDS = {c: ("addr", "size", "stream") for c in range(7)} | {OOM_CODE: ("device_free", "size", "stream")}
+ADDR_LIMIT = 1 << 62        # addresses and stream ids: below this (device pointers are < 2^57)
+SIZE_LIMIT = 1 << 46        # sizes: at most 64 TiB, more than any GPU has
+
+
+
+class PickleRefused(ValueError):
+    """The pickle names code, is malformed, or exceeds a limit; the message says which."""
+
+
+
+class _Sentinel:
+    __slots__ = ("what",)
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def __repr__(self) -> str:
+        return f"<{self.what}>"
+
+
+_MARK = _Sentinel("mark")
+_ROW_MEMO = _Sentinel("a trace entry")          # memo slot of an entry that became a row
+_FRAMES_MEMO = _Sentinel("a trace entry's frames")   # only in a layout: replaced by the stack
+
+class Rows:
+    """One device's trace, as columns: ``codes`` (array of action codes), ``addrs``,
+    ``sizes``, ``streams`` (arrays of int64; for 'oom' the address column holds device_free),
+    ``stacks`` (array of stack ids, -1 for none, into :attr:`stack_table`) and ``unknown``
+    ({row: action name} for actions the doctor does not know).
+
+    Reads like the list of dicts torch wrote (``len``, indexing, iteration build one dict
+    at a time), so code that expects ``device_traces[d]`` to be a list keeps working.
+    """
+
+    __slots__ = ("codes", "addrs", "sizes", "streams", "stacks", "unknown", "stack_table")
+
+    def __init__(self, stack_table: list[Any] | None = None) -> None:
+        self.codes = array("B")
+        self.addrs = array("q")
+        self.sizes = array("q")
+        self.streams = array("q")
+        self.stacks = array("l")
+        self.unknown: dict[int, str] = {}
+        self.stack_table = stack_table if stack_table is not None else []
+
+    def __len__(self) -> int:
+        return len(self.codes)
+
+    def action(self, i: int) -> str:
+        c = self.codes[i]
+        if c < len(ACTIONS):
+            return ACTIONS[c]
+        return self.unknown.get(i, "annotate")
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]  # type: ignore[return-value]
+        if i < 0:
+            i += len(self)
+        action = self.action(i)
+        out: dict[str, Any] = {"action": action, "device_free" if self.codes[i] == OOM_CODE else "addr": self.addrs[i],
+                               "size": self.sizes[i], "stream": self.streams[i]}
+        s = self.stacks[i]
+        out["frames"] = [dict(zip(("filename", "line", "name"), f)) for f in self.stack_table[s]] if s >= 0 else []
+        return out
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return (self[i] for i in range(len(self)))
+
+    def frames(self, i: int) -> list[tuple[str, int, str]]:
+        """The stack of row ``i`` as (filename, line, name), innermost first ([] if none)."""
+        s = self.stacks[i]
+        return list(self.stack_table[s]) if s >= 0 else []
+
+
+
+# Rough bytes each kind of object costs (CPython 3.11, 64-bit), charged before it is built.
+_COST_OBJ, _COST_CONTAINER, _COST_ITEM = 32, 64, 16
+_INT_RE = rb"(?:K.|M..|J....|\x8a\x00|\x8a\x01.|\x8a\x02..|\x8a\x03...|\x8a\x04....|\x8a\x05.{5}|\x8a\x06.{6}|\x8a\x07.{7}|\x8a\x08.{8})"
+_GET_RE = rb"(?:h.|j....)"
+
+
+class _IntCache(dict):
+    """Raw integer opcode bytes -> int (traces repeat sizes, streams and addresses)."""
+
+    def __missing__(self, raw: bytes) -> int:
+        op = raw[0]
+        if op == 0x4B:
+            v = raw[1]
+        elif op == 0x4D:
+            v = raw[1] | raw[2] << 8
+        elif op == 0x4A:
+            v = _I4(raw, 1)[0]
+        else:
+            v = int.from_bytes(raw[2:], "little", signed=True)
+        self[raw] = v
+        return v
+
+
+class _Shape:
+    """A compiled layout of trace entries: the regex and what each match means."""
+
+    __slots__ = ("regex", "groups", "memo_slots", "has_frames", "put_groups", "frames_slot")
+
+    def __init__(self, regex: Any, groups: dict[str, int], memo_slots: list[Any], has_frames: bool,
+                 put_groups: list[int]) -> None:
+        self.regex, self.groups, self.memo_slots = regex, groups, memo_slots
+        self.has_frames, self.put_groups = has_frames, put_groups
+        self.frames_slot = memo_slots.index(_FRAMES_MEMO) if has_frames else -1
+
+
+class EntryReader:
+    """The trace-entry half of :class:`experiments.doctor.unpickle.Reader` (which sets
+    ``data``, ``memo``, ``proto``, ``budget`` and the limits, and calls these methods)."""
+
+    data: Any
+    memo: list[Any]
+    proto: int
+    max_rows: int
+
+    def _init_entries(self) -> None:
+        self.rows_total = 0
+        self.fast_rows = 0          # rows read by the fast path (the rest opcode by opcode)
+        self.shapes: list[_Shape] = []
+        self.seen_sigs: set[tuple] = set()
+        self.key_idx: dict[str, int] = {}
+        self._acts = _Acts(self)
+        self._stacks = _Stacks(self)
+        self.ints = _IntCache()
+        self.stack_ids: dict[Any, int] = {}
+        self.stack_table: list[Any] = []
+
+    def _charge(self, nbytes: int) -> None:
+        raise NotImplementedError
+
+    def _fail(self, pos: int, what: str) -> PickleRefused:
+        return PickleRefused(f"byte {pos}: {what}")
+
+    def _get(self, idx: int, pos: int) -> Any:
+        raise NotImplementedError
+
+    def _row_of(self, d: dict[str, Any], pos: int) -> Any:
+        """A completed dict with an 'action' key: a row tuple (its memo slot freed), and learn
+        its layout for the fast path."""
+        action = d.get("action")
+        if type(action) is not str:
+            return d                                 # not a trace entry; a malformed one is caught later
+        frames = d.get("frames")
+        sid = self._stack_id_of(frames) if frames else -1
+        row = _RowTuple(action, d.get("device_free") if action == "oom" else d.get("addr"), d.get("size"),
+                        d.get("stream"), sid, d)
+        didx = self._memo_slot(d)
+        if didx is not None:
+            self.memo[didx] = _ROW_MEMO
+        return row
+
+    def _memo_slot(self, d: dict[str, Any]) -> int | None:
+        memo = self.memo
+        for i in range(len(memo) - 1, max(-1, len(memo) - 4097), -1):
+            if memo[i] is d:
+                return i
+        return None
+
+    def _learn_entry(self, d: dict[str, Any]) -> None:
+        """An entry dict just completed (SETITEMS): compile its layout if it is a new one."""
+        if len(self.shapes) >= 12 or type(d.get("action")) is not str:
+            return
+        didx = self._memo_slot(d)
+        if didx is None:
+            return
+        # the layout: keys, value types, and whether each string is new in this entry
+        tail = self.memo[didx + 1:]
+        sig = tuple((k, type(v), type(v) is str and k != "action" and any(x is v for x in tail))
+                    for k, v in d.items())
+        if sig not in self.seen_sigs:
+            self.seen_sigs.add(sig)
+            self._learn(d, didx)
+
+    def _stack_id_of(self, frames: Any) -> int:
+        if type(frames) is tuple:                    # a stack read before, referenced again
+            sid = self.stack_ids.get(frames)
+            return -1 if sid is None else sid
+        if type(frames) is not list:
+            return -1
+        key = []
+        for f in frames:
+            if type(f) is dict:
+                line = f.get("line")
+                key.append((str(f.get("filename", "?"))[:500], line if type(line) is int else 0,
+                            str(f.get("name", "?"))[:200]))
+        t = tuple(key)
+        sid = self.stack_ids.get(t)
+        if sid is None:
+            self._charge(_COST_CONTAINER + _COST_ITEM * len(t))
+            sid = self.stack_ids[t] = len(self.stack_table)
+            self.stack_table.append(t)
+        return sid
+
+    def _extend(self, stack: list[Any], items: list[Any], pos: int) -> None:
+        """APPEND(S) of ``items`` to the list or Rows at the top of ``stack``."""
+        if not stack:
+            raise self._fail(pos, "APPENDS without a list")
+        if not items:
+            return
+        target = stack[-1]
+        for j, x in enumerate(items):
+            # a trace entry becomes a row when it is appended to its list (protocols 0 and 1
+            # fill a dict key by key, so it is complete only then)
+            if type(x) is dict and type(x.get("action")) is str:
+                items[j] = self._row_of(x, pos)
+        nrows = sum(1 for x in items if type(x) is _RowTuple)
+        if not nrows:
+            if type(target) is list:
+                self._charge(_COST_ITEM * len(items))
+                target.extend(items)
+                return
+            raise self._fail(pos, "APPENDS without a list" if type(target) is not Rows
+                             else "a trace that mixes entries with other values")
+        if nrows != len(items):
+            raise self._fail(pos, "a trace that mixes entries with other values")
+        if type(target) is list:
+            if target:
+                raise self._fail(pos, "a trace that mixes entries with other values")
+            target = self._rows_for(stack, len(stack) - 1, target)
+        elif type(target) is not Rows:
+            raise self._fail(pos, "trace entries outside a list")
+        for r in items:
+            self._add_row(target, r)
+
+    def _rows_for(self, stack: list[Any], k: int, lst: list[Any]) -> Rows:
+        """Turn the (empty) list at stack[k] into a Rows table, in the memo too."""
+        rows = Rows(self.stack_table)
+        stack[k] = rows
+        memo = self.memo
+        for i in range(len(memo) - 1, -1, -1):
+            if memo[i] is lst:
+                memo[i] = rows
+                break
+        return rows
+
+    def _add_row(self, rows: Rows, r: "_RowTuple") -> None:
+        i = len(rows)
+        self.rows_total += 1
+        if self.rows_total > self.max_rows:
+            raise PickleRefused(f"more than {self.max_rows:,} trace entries")
+        action = r.action
+        code = ACTION_CODE.get(action, UNKNOWN_CODE)
+        values = [0, 0, 0]
+        need = _NEEDS.get(code, ())
+        d = r.d
+        names = ("device_free" if code == OOM_CODE else "addr", "size", "stream")
+        for j, (name, v) in enumerate(zip(names, (r.addr, r.size, r.stream))):
+            if name not in d:
+                if name in need:
+                    raise PickleRefused(f"trace entry {i} ({action[:40]}): '{name}' is missing")
+                continue
+            limit = SIZE_LIMIT if name == "size" else ADDR_LIMIT
+            if type(v) is not int or not 0 <= v < limit:
+                what = "a whole number of bytes" if name == "size" else "a whole number"
+                raise PickleRefused(f"trace entry {i} ({action[:40]}): '{name}' must be {what} in "
+                                    f"[0, {limit:#x}), got {_short(v)}")
+            values[j] = v
+        rows.codes.append(code)
+        rows.addrs.append(values[0])
+        rows.sizes.append(values[1])
+        rows.streams.append(values[2])
+        rows.stacks.append(r.sid)
+        if code == UNKNOWN_CODE:
+            rows.unknown[i] = action[:100]
+
+    # -- the fast path
+    def _learn(self, d: dict[str, Any], didx: int) -> None:
+        """Compile the layout of entry ``d`` (just read opcode by opcode; its memo slot is
+        ``didx``) into a regex of its exact opcodes."""
+        memo = self.memo
+        put_forms = self.proto < 4
+        if self.proto < 2:
+            return
+        memo_tok = rb"(q.|r....)" if put_forms else rb"\x94"
+        parts = [rb"\}" + memo_tok + rb"\("]
+        ng = 1 if put_forms else 0
+        groups: dict[str, int] = {}
+        put_groups = [1] if put_forms else []
+        slots: list[Any] = [_ROW_MEMO]
+        has_frames = False
+        for k, v in d.items():
+            if type(k) is not str:
+                return
+            idx = self.key_idx.get(k)
+            if idx is None:
+                idx = next((i for i in range(didx, -1, -1) if memo[i] is k), None)
+                if idx is None:
+                    idx = next((i for i in range(didx + 1, len(memo)) if memo[i] is k), None)
+                if idx is None:
+                    return
+                self.key_idx[k] = idx
+            parts.append(re.escape((b"h" + bytes([idx])) if idx < 256 else (b"j" + struct.pack("<I", idx))))
+            if k == "action":
+                parts.append(b"(" + _GET_RE + b")")
+                ng += 1
+                groups["action"] = ng
+            elif type(v) is int and k in ("addr", "size", "stream", "device_free"):
+                parts.append(b"(" + _INT_RE + b")")
+                ng += 1
+                groups[k] = ng
+            elif type(v) is int:
+                parts.append(_INT_RE)
+            elif type(v) is str:
+                # as written: a reference to a string read before, or a new string of this
+                # entry, memoized (each entry then has its own: 'N/A' for compile_context)
+                new = any(memo[i] is v for i in range(didx + 1, len(memo)))
+                if new:
+                    raw = self._new_str_bytes(v)
+                    if raw is None:
+                        return
+                    parts.append(re.escape(raw) + memo_tok)
+                    if put_forms:
+                        ng += 1
+                        put_groups.append(ng)
+                    slots.append(v)
+                else:
+                    parts.append(_GET_RE)
+            elif type(v) is list and k == "frames":
+                parts.append(rb"\]" + memo_tok)
+                if put_forms:
+                    ng += 1
+                    put_groups.append(ng)
+                parts.append(rb"((?:\(" + _GET_RE + rb"+e|" + _GET_RE + rb"a)?)")
+                ng += 1
+                groups["frames"] = ng
+                slots.append(_FRAMES_MEMO)
+                has_frames = True
+            else:
+                return
+        if "action" not in groups:
+            return
+        parts.append(b"u")
+        regex = re.compile(b"".join(parts), re.DOTALL)
+        if any(s.regex.pattern == regex.pattern for s in self.shapes):
+            return
+        self.shapes.insert(0, _Shape(regex, groups, slots, has_frames, put_groups))
+
+    def _new_str_bytes(self, s: str) -> bytes | None:
+        raw = s.encode("utf-8", "surrogatepass")
+        if self.proto >= 4 and len(raw) < 256:
+            return b"\x8c" + bytes([len(raw)]) + raw
+        if self.proto in (2, 3):
+            return b"X" + struct.pack("<I", len(raw)) + raw
+        return None
+
+    def _match_any(self, pos: int, skip: Any = None) -> Any:
+        for shape in self.shapes:
+            if shape is not skip and shape.regex.match(self.data, pos) is not None:
+                return shape
+        return None
+
+    def _try_fast(self, stack: list[Any], marks: list[int], start: int) -> int | None:
+        """At an EMPTY_DICT inside a list: match as many entries as possible in C. Returns the
+        position after them, or None when the first does not match a known layout."""
+        if not marks or marks[-1] == 0:
+            return None
+        m0 = marks[-1]
+        target = stack[m0 - 1]
+        if type(target) is not list and type(target) is not Rows:
+            return None
+        shape = self._match_any(start)
+        if shape is None:
+            return None
+        # the entries read since the mark go first (the APPENDS to come would add them first)
+        items = stack[m0:]
+        if items:
+            del stack[m0:]
+            self._extend(stack, items, start)
+        target = stack[m0 - 1]
+        if type(target) is list:
+            if target:
+                raise self._fail(start, "a trace that mixes entries with other values")
+            target = self._rows_for(stack, m0 - 1, target)
+        data = self.data
+        pos = start
+        while True:
+            ms = list(iter(shape.regex.scanner(data, pos).match, None))
+            if ms:
+                self._take(target, shape, ms)
+                pos = ms[-1].end()
+            if data[pos:pos + 3] == b"e(}":          # the next batch of APPENDS: same list, same mark
+                nxt = self._match_any(pos + 2)
+                if nxt is None:
+                    return pos                       # the opcode loop takes the 'e' and the '('
+                pos += 2
+                shape = nxt
+                continue
+            nxt = self._match_any(pos, skip=shape)
+            if nxt is None:
+                return pos
+            shape = nxt
+
+    def _take(self, rows: Rows, shape: _Shape, ms: list[Any]) -> None:
+        n = len(ms)
+        self.rows_total += n
+        self.fast_rows += n
+        if self.rows_total > self.max_rows:
+            raise PickleRefused(f"more than {self.max_rows:,} trace entries")
+        g = shape.groups
+        base = len(rows)
+        memo = self.memo
+        k = len(shape.memo_slots)
+        if shape.put_groups:
+            # protocols 2 and 3 name each memo index: they must be the next ones, in order
+            m0 = len(memo)
+            for j, m in enumerate(ms):
+                for t, gi in enumerate(shape.put_groups):
+                    raw = m.group(gi)
+                    got = raw[1] if raw[0] == 0x71 else _U4(raw, 1)[0]
+                    if got != m0 + j * k + t:
+                        raise self._fail(m.start(), "memo indices out of order in a trace entry")
+        self._charge(8 * k * n)
+        cols = list(zip(*map(_GROUPS, ms)))
+        slots = shape.memo_slots * n
+        if shape.has_frames:
+            # a frames list may be referenced again (torch shares some): its slot holds the stack
+            sids = list(map(self._stacks.__getitem__, cols[g["frames"] - 1]))
+            table = self.stack_table
+            slots[shape.frames_slot::k] = [table[s] if s >= 0 else () for s in sids]
+        memo.extend(slots)
+        acts = cols[g["action"] - 1]
+        codes = list(map(self._acts.__getitem__, acts))
+        rows.codes.extend(codes)
+        if UNKNOWN_CODE in codes:
+            for j, c in enumerate(codes):
+                if c == UNKNOWN_CODE:
+                    rows.unknown[base + j] = str(self._get(_get_index(acts[j]), -1))[:100]
+        ints = self.ints.__getitem__
+        for name, col in (("addr", rows.addrs), ("size", rows.sizes), ("stream", rows.streams)):
+            gi = g.get(name) or (g.get("device_free") if name == "addr" else None)
+            if gi is None:
+                for j, c in enumerate(codes):
+                    if name in _NEEDS.get(c, ()) or (name == "addr" and "device_free" in _NEEDS.get(c, ())):
+                        raise PickleRefused(f"trace entry {base + j} ({ACTIONS[c]}): '{name}' is missing")
+                col.extend([0] * n)
+                continue
+            vals = list(map(ints, cols[gi - 1]))
+            limit = SIZE_LIMIT if name == "size" else ADDR_LIMIT
+            if vals and (min(vals) < 0 or max(vals) >= limit):
+                j = next(j for j, v in enumerate(vals) if not 0 <= v < limit)
+                what = "a whole number of bytes" if name == "size" else "a whole number"
+                fname = "device_free" if name == "addr" and codes[j] == OOM_CODE else name
+                raise PickleRefused(f"trace entry {base + j} ({self._action_name(codes[j], acts[j])}): '{fname}' "
+                                    f"must be {what} in [0, {limit:#x}), got {vals[j]}")
+            col.extend(vals)
+        if shape.has_frames:
+            rows.stacks.extend(sids)
+        else:
+            rows.stacks.extend([-1] * n)
+
+    def _action_name(self, code: int, raw: bytes) -> str:
+        return ACTIONS[code] if code < len(ACTIONS) else str(self._get(_get_index(raw), -1))[:40]
+
+
+class _Acts(dict):
+    """Memo-reference opcode bytes of an action string -> its code."""
+
+    def __init__(self, reader: "EntryReader") -> None:
+        super().__init__()
+        self.reader = reader
+
+    def __missing__(self, raw: bytes) -> int:
+        v = self.reader._get(_get_index(raw), -1)
+        if type(v) is not str:
+            raise PickleRefused(f"a trace entry whose action is not a string ({_short(v)})")
+        code = self[raw] = ACTION_CODE.get(v, UNKNOWN_CODE)
+        return code
+
+
+class _Stacks(dict):
+    """The items of a frames list (memo references to frame dicts) -> a stack id."""
+
+    def __init__(self, reader: "EntryReader") -> None:
+        super().__init__()
+        self.reader = reader
+
+    def __missing__(self, raw: bytes) -> int:
+        frames = [self.reader._get(_get_index(t), -1) for t in _GETS_RE.findall(raw, 1 if raw[:1] == b"(" else 0)]
+        sid = self[raw] = self.reader._stack_id_of(frames) if frames else -1
+        return sid
+
+
+def _short(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+class _RowTuple(tuple):
+    """A trace entry read opcode by opcode, waiting to be appended to its Rows."""
+
+    def __new__(cls, action: str, addr: Any, size: Any, stream: Any, sid: int, d: dict) -> "_RowTuple":
+        return tuple.__new__(cls, (action, addr, size, stream, sid, d))
+
+    action = property(lambda self: self[0])
+    addr = property(lambda self: self[1])
+    size = property(lambda self: self[2])
+    stream = property(lambda self: self[3])
+    sid = property(lambda self: self[4])
+    d = property(lambda self: self[5])
+
+
+_GROUPS = methodcaller("groups")
+_GETS_RE = re.compile(rb"(?:h.|j....)", re.DOTALL)
+
+
+def _get_index(raw: bytes) -> int:
+    return raw[1] if raw[0] == 0x68 else _U4(raw, 1)[0]
+
+
