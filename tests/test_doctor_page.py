@@ -172,7 +172,7 @@ def test_a_snapshot_too_big_for_the_tab_is_sent_to_the_cli_and_a_bug_is_not_blam
     exception the doctor does not raise for bad input is a bug of ours, shown as such."""
     import os
 
-    from experiments.doctor import cli as doctor_cli
+    from experiments.doctor import report as doctor_report
 
     worker = _ext("doctor_worker")
     (tmp_path / "s.json").write_text(json.dumps(SNAPSHOTS["streams"]))
@@ -181,16 +181,17 @@ def test_a_snapshot_too_big_for_the_tab_is_sent_to_the_cli_and_a_bug_is_not_blam
     def too_big(*a, **kw):
         raise MemoryError()
 
-    monkeypatch.setattr(doctor_cli, "doctor", too_big)
+    monkeypatch.setattr(doctor_report, "doctor", too_big)
     res = worker.run("s.json", [])
     assert not res["ok"] and "python -m experiments doctor" in res["error"] and "\n" not in res["error"]
 
     def broken(*a, **kw):
         raise AttributeError("'NoneType' object has no attribute 'size'")
 
-    monkeypatch.setattr(doctor_cli, "doctor", broken)
+    monkeypatch.setattr(doctor_report, "doctor", broken)
     answer = json.loads(worker.run_json("s.json", json.dumps({"what_if": []})))
-    assert not answer["ok"] and "error" not in answer and "AttributeError" in answer["bug"]
+    assert not answer["ok"] and "error" not in answer, answer
+    assert "a bug" in answer["bug"].splitlines()[0] and "Traceback" in answer["bug"] and "AttributeError" in answer["bug"]
     assert os.getcwd() == str(tmp_path)
 
 
@@ -421,6 +422,14 @@ def test_dropped_snapshots_give_the_clis_json(doctor_tab, tmp_path, protocol):
     got = doctor_tab.drop(pick)
     assert got["error"] is None, got["error"]
     assert doctor_tab.downloaded_json() == cli(folder, _cli_args(pick.name)).stdout
+    # gzip'd, as the command line also reads it
+    gz = folder / "training_torch.pickle.gz"
+    import gzip
+
+    gz.write_bytes(gzip.compress(pick.read_bytes()))
+    got = doctor_tab.drop(gz)
+    assert got["error"] is None, got["error"]
+    assert doctor_tab.downloaded_json() == cli(folder, _cli_args(gz.name)).stdout
     # and a cap for the what-ifs
     _set_what_ifs(doctor_tab.page, WHAT_IFS[:3], WHAT_IFS[3:], cap_gib=CAP_GIB)
     try:

@@ -144,9 +144,8 @@ def segment_data(report: Any) -> dict[str, Any]:
                          for s in shown]}
 
 
-def _one_line(e: BaseException) -> str:
-    # experiments.core.cli.main: these become "error: <message>" and exit status 2.
-    return f"error: {e}"
+MEMORY = ("error: the snapshot does not fit in this browser tab's memory; run the doctor on your machine: "
+          "pip install cuda-memory-lab, then python -m experiments doctor FILE")
 
 
 def run(path: str, what_if: Sequence[str] = (), *, cap_bytes: int | None = None, cap_fraction: float | None = None,
@@ -156,8 +155,10 @@ def run(path: str, what_if: Sequence[str] = (), *, cap_bytes: int | None = None,
     Returns:
         ``{"ok": True, "argv", "json_text" (the command's stdout), "json" (parsed), "figure",
         "seconds": {"total", "replay", "what_if": [...]}}``, and the report as ``report``
-        (a Python object, for :func:`details`); or ``{"ok": False, "error": the one line,
-        "argv"}``; an exception that is not a refusal of the input is re-raised (a bug).
+        (a Python object, for :func:`details`); or ``{"ok": False, "argv", "error": the
+        command's one line}`` for bad input or settings (its exit status 2) and when the tab runs
+        out of memory; or ``{"ok": False, "argv", "bug": the command's line and the traceback}``
+        for a bug in the doctor (its exit status 1).
     """
     say = progress or (lambda _msg: None)
     args_list = argv(path, what_if, cap_bytes=cap_bytes, cap_fraction=cap_fraction, suggest=suggest)
@@ -166,18 +167,26 @@ def run(path: str, what_if: Sequence[str] = (), *, cap_bytes: int | None = None,
         args = _parser().parse_args(args_list)
     except UsageError as e:
         return {"ok": False, "error": str(e), "argv": args_list}
-    from experiments.doctor import cli, report as report_mod
+    from experiments.doctor import report as report_mod
 
     kept: dict[str, Any] = {}
     timings: dict[str, Any] = {"what_if": []}
-    real_doctor = cli.doctor
+    real_doctor = report_mod.doctor
     real_replay, real_what_if = getattr(report_mod, "replay", None), getattr(report_mod, "_what_if", None)
 
-    # The command calls doctor(), which reads, replays, then runs each what-if: watch those
-    # calls to keep the report and to tell the page how far it got.
+    # The command calls report.doctor(), which reads, replays, then runs each what-if: watch
+    # those calls to keep the report, to tell the page how far it got, and to tell a tab out of
+    # memory and a bug (with its traceback) from the command's other failures.
     def doctor(*a: Any, **kw: Any) -> Any:
         say("reading the snapshot")
-        kept["report"] = real_doctor(*a, **kw)
+        try:
+            kept["report"] = real_doctor(*a, **kw)
+        except MemoryError:
+            kept["memory"] = True
+            raise
+        except Exception:
+            kept["traceback"] = traceback.format_exc()
+            raise
         say("writing the result")
         return kept["report"]
 
@@ -191,7 +200,7 @@ def run(path: str, what_if: Sequence[str] = (), *, cap_bytes: int | None = None,
         return out
 
     def what_if_run(base: Any, cfg: Any, settings: str, **kw: Any) -> Any:
-        if "stop_at" in kw and kw["stop_at"] is not None:
+        if kw.get("stop_at") is not None:
             return real_what_if(base, cfg, settings, **kw)
         say(f"what-if {len(timings['what_if']) + 1} of {len(what_if)}: {settings or 'defaults'}")
         t = time.perf_counter()
@@ -199,26 +208,27 @@ def run(path: str, what_if: Sequence[str] = (), *, cap_bytes: int | None = None,
         timings["what_if"].append(time.perf_counter() - t)
         return out
 
-    out = io.StringIO()
-    # Only the report is needed (cli.doctor); the two others only tell the page the progress,
-    # so a later doctor that names them otherwise still runs, with less said on the way.
-    patches = [(cli, "doctor", doctor, real_doctor)] + [
+    out, err = io.StringIO(), io.StringIO()
+    # Only the report is needed (doctor); the two others only tell the page the progress, so a
+    # later doctor that names them otherwise still runs, with less said on the way.
+    patches = [(report_mod, "doctor", doctor, real_doctor)] + [
         (report_mod, name, fake, real) for name, fake, real in
         (("replay", replay, real_replay), ("_what_if", what_if_run, real_what_if)) if real is not None]
     for mod, name, fake, _ in patches:
         setattr(mod, name, fake)
     try:
-        with contextlib.redirect_stdout(out):
-            args.func(args)
-    except (ValueError, LookupError, RuntimeError, OSError) as e:
-        return {"ok": False, "error": _one_line(e), "argv": args_list}
-    except MemoryError:
-        return {"ok": False, "argv": args_list,
-                "error": "error: the snapshot does not fit in this browser tab's memory; run the doctor on your "
-                         "machine: pip install cuda-memory-lab, then python -m experiments doctor FILE"}
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            status = args.func(args)
     finally:
         for mod, name, _, real in patches:
             setattr(mod, name, real)
+    line = err.getvalue().strip()
+    if kept.get("memory"):
+        return {"ok": False, "argv": args_list, "error": MEMORY}
+    if status == 1 and "traceback" in kept:
+        return {"ok": False, "argv": args_list, "bug": line + "\n\n" + kept["traceback"]}
+    if status:
+        return {"ok": False, "argv": args_list, "error": line}
     text = out.getvalue()
     rep = kept["report"]
     timings["total"] = time.perf_counter() - t0

@@ -94,14 +94,14 @@
 
   // ------------------------------------------------------------------ the controls
 
-  const fileInput = el("input", { type: "file", id: "memlab-doctor-file", accept: ".pickle,.pkl,.json,.pt,application/json,application/octet-stream" });
+  const fileInput = el("input", { type: "file", id: "memlab-doctor-file", accept: ".pickle,.pkl,.gz,.json,.pt,application/json,application/gzip,application/octet-stream" });
   const drop = el("div", { class: "memlab-doctor-drop", tabindex: "0", role: "button",
                             "aria-describedby": "memlab-doctor-drop-note" }, [
     el("p", { class: "memlab-doctor-drop-title", text: "Drop a memory snapshot here" }),
     el("p", {}, [document.createTextNode("or "),
       el("label", { for: "memlab-doctor-file", class: "memlab-doctor-pick", text: "choose a file" }), fileInput]),
     el("p", { id: "memlab-doctor-drop-note", class: "memlab-doctor-note",
-              text: "A pickle from torch.cuda.memory._dump_snapshot or a JSON snapshot, up to " +
+              text: "A pickle from torch.cuda.memory._dump_snapshot (gzip'd or not) or a JSON snapshot, up to " +
                     megabytes(cfg.limitBytes) + ". It is read in this tab and sent nowhere." }),
   ]);
 
@@ -266,7 +266,7 @@
   function showBug(trace) {
     setBusy(false);
     errorBox.replaceChildren(
-      document.createTextNode("The page hit a bug of its own (not a problem with your file). Please report it with this: "),
+      document.createTextNode("The doctor hit a bug of its own (not a problem with your file). Please report it with this: "),
       el("details", {}, [el("summary", { text: "the Python traceback" }), el("pre", { text: trace })]));
     errorBox.hidden = false;
   }
