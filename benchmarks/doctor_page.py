@@ -141,7 +141,7 @@ def main() -> None:
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=os.environ.get("CUDA_MEMLAB_CHROMIUM", "/usr/bin/chromium"),
                                     args=["--no-sandbox"])
-        pages = PAGES + ["snapshot_check"]
+        pages = [pg for pg in PAGES + ["snapshot_check"] if (a.site / "book" / f"{pg}.html").exists()]
         now = weights(browser, a.site, pages)
         before = weights(browser, a.compare, [pg for pg in PAGES if (a.compare / "book" / f"{pg}.html").exists()]) \
             if a.compare else {}

@@ -598,6 +598,7 @@ def test_a_result_fits_the_screen_and_is_screenshotted(chromium, site, tmp_path,
         pick.write_bytes(pickle.dumps(torch_form(SNAPSHOTS["training"]), protocol=5))
         got = tab.drop(pick)
         assert got["error"] is None, got["error"]
+        tab.page.evaluate("() => { document.activeElement && document.activeElement.blur(); window.scrollTo(0, 0) }")
         tab.page.wait_for_timeout(300)
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         tab.page.screenshot(path=str(SCREENSHOTS / f"snapshot_check-{width}.png"), full_page=True)
