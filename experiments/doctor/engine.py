@@ -203,7 +203,10 @@ class Engine:
             self._gc_calls += 1
         block = self._peek(fl, size)
         if block is not None:
-            fl.remove(block)
+            # fl.remove(block), inlined: this is the hot path of every replay
+            keys = fl.keys
+            del keys[bisect_left(keys, (block.size, block.addr))]
+            del fl.blocks[block.addr]
         else:
             block = self._alloc_path(nbytes, size, small, stream, pool_id, fl)
         remaining = block.size - size
@@ -212,13 +215,16 @@ class Engine:
         else:
             split = remaining > SMALL_SIZE and size < self._split_limit
         if split:
-            rest = Block(block.addr + size, remaining, block.seg, block, block.next)
+            addr = block.addr + size
+            rest = Block(addr, remaining, block.seg, block, block.next)
             rest.requested = block.requested       # the remainder keeps the old block's bookkeeping
             if block.next is not None:
                 block.next.prev = rest
             block.next = rest
             block.size = size
-            self._insert_free(fl, rest)
+            rest.gc_base = self._gc_calls          # self._insert_free(fl, rest), inlined
+            insort(fl.keys, (remaining, addr))
+            fl.blocks[addr] = rest
         block.allocated = True
         block.requested = nbytes
         self.allocated_bytes += block.size
@@ -262,21 +268,26 @@ class Engine:
         # Absorb free mapped neighbours of the same segment (blocks waiting on events are not
         # in the free list, so they stay apart), then cache the result (§A.8 try_merge_blocks).
         prev, nxt = block.prev, block.next
-        if prev is not None and not prev.allocated and prev.mapped and prev.addr in fl.blocks:
-            fl.remove(prev)
+        keys, blocks = fl.keys, fl.blocks          # fl.remove / fl.add inlined (the hot path)
+        if prev is not None and not prev.allocated and prev.mapped and prev.addr in blocks:
+            del keys[bisect_left(keys, (prev.size, prev.addr))]
+            del blocks[prev.addr]
             block.addr, block.size = prev.addr, block.size + prev.size
             block.prev = prev.prev
             if prev.prev is not None:
                 prev.prev.next = block
             else:
                 block.seg.head = block
-        if nxt is not None and not nxt.allocated and nxt.mapped and nxt.addr in fl.blocks:
-            fl.remove(nxt)
+        if nxt is not None and not nxt.allocated and nxt.mapped and nxt.addr in blocks:
+            del keys[bisect_left(keys, (nxt.size, nxt.addr))]
+            del blocks[nxt.addr]
             block.size += nxt.size
             block.next = nxt.next
             if nxt.next is not None:
                 nxt.next.prev = block
-        self._insert_free(fl, block)
+        block.gc_base = self._gc_calls
+        insort(keys, (block.size, block.addr))
+        blocks[block.addr] = block
 
     def empty_cache(self, pools: Iterable[tuple[int, int]] | None = None) -> None:
         """Release every whole free segment (whole free pages with expandable segments) of the

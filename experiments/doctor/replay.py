@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import re
 from array import array
 from bisect import bisect_right, insort
 from typing import Any, Sequence
@@ -42,6 +43,65 @@ R_ALLOC, R_FREE_REQ, R_FREE_DONE, R_EMPTY, R_RETRY = range(5)
 _SEG_NAMES = {SEG_ALLOC: "segment_alloc", SEG_FREE: "segment_free", SEG_MAP: "segment_map",
               SEG_UNMAP: "segment_unmap"}
 _CODES = {v: k for k, v in _SEG_NAMES.items()}
+_SEG_EVENTS = re.compile(bytes([ord("["), SEG_ALLOC, SEG_FREE, ord("]")]))
+
+
+class Requests:
+    """The requests a replay recovered, for what-ifs to run again: one int64 each,
+    ``kind | pool << 3 | index << 16`` (8 bytes a request). ``index`` is, for R_ALLOC, the
+    trace event of the allocation (also its key: the event gives size and stream); for
+    R_FREE_REQ / R_FREE_DONE, the key of the block (an allocation's event, or ``len(events)
+    + j`` for the j-th block that existed before the recording); for R_EMPTY, an index into
+    ``empties`` (the pools each inferred empty_cache released); for R_RETRY, the trace's
+    'oom' event. ``pools`` lists the pool ids. Iterating yields tuples: (R_ALLOC, key, size,
+    stream, pool), (R_FREE_REQ, key), (R_FREE_DONE, key), (R_EMPTY, pools), (R_RETRY, size,
+    stream, pool).
+    """
+
+    __slots__ = ("data", "events", "pools", "_pool_index", "empties")
+
+    def __init__(self, events: Any = None) -> None:
+        self.data = array("q")
+        self.events = events
+        self.pools: list[tuple[int, int]] = [DEFAULT_POOL]
+        self._pool_index = {DEFAULT_POOL: 0}
+        self.empties: list[tuple] = []
+
+    def pool_index(self, pool: tuple[int, int]) -> int:
+        i = self._pool_index.get(pool)
+        if i is None:
+            if len(self.pools) >= 8192:
+                raise ImpossibleTraceError("the trace uses more than 8,192 private pools")
+            i = self._pool_index[pool] = len(self.pools)
+            self.pools.append(pool)
+        return i
+
+    def add(self, kind: int, index: int, pool: tuple[int, int] = DEFAULT_POOL) -> None:
+        self.data.append(kind | self.pool_index(pool) << 3 | index << 16)
+
+    def add_empty(self, pools: tuple) -> None:
+        self.empties.append(pools)
+        self.data.append(R_EMPTY | (len(self.empties) - 1) << 16)
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def _tuple(self, x: int) -> tuple:
+        kind, i = x & 7, x >> 16
+        ev = self.events
+        if kind == R_ALLOC:
+            return (kind, i, ev.sizes[i], ev.streams[i], self.pools[(x >> 3) & 8191])
+        if kind == R_EMPTY:
+            return (kind, self.empties[i])
+        if kind == R_RETRY:
+            return (kind, ev.sizes[i], ev.streams[i], self.pools[(x >> 3) & 8191])
+        return (kind, i)
+
+    def __iter__(self) -> Any:
+        return map(self._tuple, self.data)
+
+    def __getitem__(self, k: int) -> tuple:
+        return self._tuple(self.data[k])
 
 
 @dataclasses.dataclass
@@ -53,11 +113,13 @@ class Run:
         matches_trace: every checked event agreed (replay only; None for a what-if).
         first_mismatch: None, or a dict with event_index, action, reason, expected, got.
         events_replayed: trace events (replay) or requests (what-if) processed.
-        allocated, reserved: bytes after each request (arrays of equal length).
-        final_* / peak_*: bytes; peak_index: the request at peak reserved.
+        allocated, reserved: bytes after each request (arrays of equal length; empty when
+            run with ``series=False``: the peaks are kept either way).
+        final_* / peak_*: bytes; peak_index: the request (index into the replay's requests)
+            after which reserved bytes peaked.
         oom_events: requests that did not fit; oom_requests: their (index, bytes).
         peak_segments: the layout at peak reserved (filled by :func:`layout_at`).
-        requests: the request list (replay only) that what-ifs reuse.
+        requests: the request list (replay only) that what-ifs reuse (:class:`Requests`).
         initial: the blocks rebuilt for a late-started recording, (key, requested, stream, pool).
         marks: (trace index, allocated, reserved) at each 'snapshot' entry (replay only).
         peak_event: the trace event after which reserved bytes peaked (replay only).
@@ -80,7 +142,7 @@ class Run:
     oom_events: int = 0
     oom_requests: list[tuple[int, int]] = dataclasses.field(default_factory=list)
     final_segments: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    requests: list[tuple] = dataclasses.field(default_factory=list)
+    requests: Requests = dataclasses.field(default_factory=lambda: Requests())
     initial: list[tuple[int, int, int, tuple[int, int]]] = dataclasses.field(default_factory=list)
     marks: list[tuple[int, int, int]] = dataclasses.field(default_factory=list)
     peak_event: int = 0
@@ -119,8 +181,9 @@ class _Replayer:
         self.live: dict[int, Any] = {}       # addr -> engine block (allocated)
         self.pending: dict[int, Any] = {}    # addr -> engine block (freed, not completed)
         self.keys: dict[int, int] = {}       # addr -> request key
-        self.next_key = 0
-        self.requests: list[tuple] = []
+        self.next_key = len(trace.events)        # keys of blocks from before the recording
+        self.requests = Requests(trace.events)
+        self.series = True
         self.trace_reserved = 0
         self.private_context: tuple[int, int] | None = None
         self.inferred = 0
@@ -171,20 +234,23 @@ class _Replayer:
         ev = trace.events
         n = len(ev)
         # which segment_alloc / range survives to the end: its pool id is in the final state
-        survives = [False] * n
+        survives = bytearray(n)
         alive: set[int] = set()
         codes, addrs = ev.codes, ev.addrs
-        for i in range(n - 1, -1, -1):
-            code = codes[i]
-            if code == SEG_FREE or code == SEG_ALLOC:
-                addr = addrs[i]
-            if code == SEG_FREE:
+        for m in reversed(list(_SEG_EVENTS.finditer(codes.tobytes()))):   # the few segment events, found in C
+            i = m.start()
+            addr = addrs[i]
+            if codes[i] == SEG_FREE:
                 alive.add(addr)
-            elif code == SEG_ALLOC:
+            else:
                 survives[i] = addr not in alive
                 alive.discard(addr)
         buf: list[int] = []                  # indices of segment events since the last request
         reqs = self.requests
+        put_req = reqs.data.append
+        pidx_get = reqs._pool_index.get
+        series = self.series
+        peak_a, peak_r, peak_k = 0, -1, 0     # the peaks after a request, and which request
         alloc_a, res_a = run.allocated, run.reserved
         put_a, put_r = alloc_a.append, res_a.append
         live, pending, keys = self.live, self.pending, self.keys
@@ -206,7 +272,11 @@ class _Replayer:
                         raise _Mismatch(i, "free_requested", f"free of an unknown block at {addr:#x}")
                     free_req(blk)
                     pending[addr] = blk
-                    reqs.append((R_FREE_REQ, keys[addr]))
+                    put_req(R_FREE_REQ | keys[addr] << 16)
+                    if series:
+                        put_a(eng.allocated_bytes)
+                        put_r(eng.reserved_bytes)
+                    continue                 # a free raises no peak
                 elif code == FREE_DONE:
                     if buf:
                         self._flush_empty(i, buf)
@@ -218,7 +288,11 @@ class _Replayer:
                         raise _Mismatch(i, "free_completed", f"completion of a free that was never requested "
                                         f"at {addr:#x}")
                     free_done(blk)
-                    reqs.append((R_FREE_DONE, keys.pop(addr)))
+                    put_req(R_FREE_DONE | keys.pop(addr) << 16)
+                    if series:
+                        put_a(eng.allocated_bytes)
+                        put_r(eng.reserved_bytes)
+                    continue
                 elif code == ALLOC:
                     if buf:
                         self._alloc(i, buf, survives)
@@ -226,7 +300,8 @@ class _Replayer:
                         # fast path: no segment event, so the block is in a segment the trace knows
                         k = bisect_right(bases, addr) - 1
                         pool = seg_pool[bases[k]] if k >= 0 and addr < seg_end[bases[k]] else DEFAULT_POOL
-                        eng.address_hook = None
+                        if eng.address_hook is not None:
+                            eng.address_hook = None
                         try:
                             blk = malloc(size, stream, pool)
                         except EngineOutOfMemory:
@@ -237,10 +312,11 @@ class _Replayer:
                         if blk.addr != addr:
                             raise _Mismatch(i, "alloc", "the block is not where the GPU put it", addr, blk.addr)
                         live[addr] = blk
-                        key = self.next_key
-                        keys[addr] = key
-                        self.next_key = key + 1
-                        reqs.append((R_ALLOC, key, size, stream, pool))
+                        keys[addr] = i
+                        pidx = pidx_get(pool)
+                        if pidx is None:
+                            pidx = reqs.pool_index(pool)
+                        put_req(R_ALLOC | pidx << 3 | i << 16)
                         self.private_context = pool if pool != DEFAULT_POOL else None
                 elif code <= SEG_UNMAP:
                     buf.append(i)
@@ -257,17 +333,29 @@ class _Replayer:
                 else:
                     raise _Mismatch(i, trace.unknown.get(i, "?"), "a trace entry of a kind the doctor does not "
                                     f"know ({trace.unknown.get(i)!r}); it cannot follow the allocator past it")
-                put_a(eng.allocated_bytes)
-                put_r(eng.reserved_bytes)
+                # the values after each request: peaks always, the series when asked
+                a, r = eng.allocated_bytes, eng.reserved_bytes
+                if a > peak_a:
+                    peak_a = a
+                if r > peak_r:
+                    peak_r, peak_k = r, len(reqs.data) - 1
+                if series:
+                    put_a(a)
+                    put_r(r)
             if stop < n:           # stopped early on purpose: the state after event stop - 1
                 run.events_replayed = stop
                 run.requests = reqs
+                self._peaks(run, peak_a, peak_r, peak_k)
                 _finish(run, eng)
                 return run
             i = n
             self._flush_empty(n, buf)
-            alloc_a.append(eng.allocated_bytes)
-            res_a.append(eng.reserved_bytes)
+            peak_a = max(peak_a, eng.allocated_bytes)
+            if eng.reserved_bytes > peak_r:
+                peak_r, peak_k = eng.reserved_bytes, len(reqs.data) - 1
+            if series:
+                alloc_a.append(eng.allocated_bytes)
+                res_a.append(eng.reserved_bytes)
             self._check_final(n)
             run.matches_trace = True
         except _Mismatch as m:
@@ -276,9 +364,16 @@ class _Replayer:
         run.events_replayed = i
         run.requests = reqs
         run.peak_event = self.peak_event
+        self._peaks(run, peak_a, peak_r, peak_k)
         run.segment_log = self.segment_log
         _finish(run, eng)
         return run
+
+    @staticmethod
+    def _peaks(run: Run, peak_a: int, peak_r: int, peak_k: int) -> None:
+        run.peak_allocated_bytes = peak_a
+        run.peak_reserved_bytes = max(peak_r, 0)
+        run.peak_index = max(peak_k, 0)
 
     def _check_reserved(self, i: int, action: str) -> None:
         # reserved bytes change only with segment events, so they are checked where those are
@@ -326,7 +421,7 @@ class _Replayer:
                             "that needed it")
         pools = self._segment_pools(buf)
         self.engine.empty_cache(pools)
-        self.requests.append((R_EMPTY, tuple(sorted(pools))))
+        self.requests.add_empty(tuple(sorted(pools)))
         self._compare(buf[0], "empty_cache (inferred)", buf, self.engine.events, ordered=False)
         self._drop_ranges()
         buf.clear()
@@ -411,9 +506,8 @@ class _Replayer:
         if blk.addr != addr:
             raise _Mismatch(i, "alloc", "the block is not where the GPU put it", addr, blk.addr)
         self.live[addr] = blk
-        self.keys[addr] = self.next_key
-        self.requests.append((R_ALLOC, self.next_key, size, stream, pool))
-        self.next_key += 1
+        self.keys[addr] = i
+        self.requests.add(R_ALLOC, i, pool)
 
     def _could_serve(self, pool: tuple[int, int], size: int, stream: int, small: bool, code: int) -> bool:
         if self.engine.has_free_block(size, stream, pool):
@@ -430,7 +524,7 @@ class _Replayer:
             self._drop_ranges()
             buf.clear()
             self._check_reserved(i, "oom")
-            self.requests.append((R_RETRY, size, stream, self.private_context or DEFAULT_POOL))
+            self.requests.add(R_RETRY, i, self.private_context or DEFAULT_POOL)
             return
         raise _Mismatch(i, "oom", "the GPU ran out of memory here but the model did not "
                         "(the cap is unknown: pass --cap BYTES)")
@@ -456,7 +550,6 @@ def _finish(run: Run, eng: Engine) -> None:
     if len(run.reserved):
         peak = max(run.reserved)
         run.peak_reserved_bytes = peak
-        run.peak_index = run.reserved.index(peak)
         run.peak_allocated_bytes = max(run.allocated)
     run.oom_events = len(run.oom_requests) + getattr(run, "_trace_ooms", 0)
     run.final_segments = eng.segments()
@@ -476,7 +569,7 @@ class _no_gc:
 
 
 def replay(trace: Trace, *, cap_bytes: int | None = None, total_memory: int | None = None,
-           stop_at: int | None = None) -> Run:
+           stop_at: int | None = None, series: bool = True) -> Run:
     """Replay ``trace`` under the settings it was recorded with; check it event by event.
 
     Args:
@@ -486,6 +579,8 @@ def replay(trace: Trace, *, cap_bytes: int | None = None, total_memory: int | No
             else the lab H200's).
         stop_at: stop before this trace event (the run's ``final_segments`` is then the
             layout at that point, e.g. ``peak_event + 1`` for the layout at peak reserved).
+        series: keep allocated and reserved bytes after every request (for the figure; the
+            peaks are kept either way).
 
     Returns:
         a :class:`Run` whose ``matches_trace`` says whether every segment event, block address
@@ -495,10 +590,11 @@ def replay(trace: Trace, *, cap_bytes: int | None = None, total_memory: int | No
     total = total_memory or trace.total_memory or 150_109_880_320
     r = _Replayer(trace, cap, total)
     r.stop_at = stop_at
+    r.series = series
     with _no_gc():
         run = r.run()
     run.oom_events = trace.events.codes.count(OOM)
     return run
 
 
-__all__ = ["Run", "replay"]
+__all__ = ["Requests", "Run", "replay"]

@@ -19,7 +19,8 @@ from .rules import AllocatorConfig
 
 
 def what_if(base: Run, config: AllocatorConfig, settings: str, *, cap_bytes: int | None = None,
-            total_memory: int = 150_109_880_320, stop_at: int | None = None) -> tuple[Run, Engine]:
+            total_memory: int = 150_109_880_320, stop_at: int | None = None,
+            series: bool = True) -> tuple[Run, Engine]:
     """Run the requests of a replay under ``config`` (and ``cap_bytes``) on a fresh engine.
 
     Returns:
@@ -27,7 +28,7 @@ def what_if(base: Run, config: AllocatorConfig, settings: str, *, cap_bytes: int
         many requests, e.g. to read the layout at the peak).
     """
     with _no_gc():
-        return _run_requests(base, config, settings, cap_bytes, total_memory, stop_at)
+        return _run_requests(base, config, settings, cap_bytes, total_memory, stop_at, series)
 
 
 class _DriverSync:
@@ -64,7 +65,7 @@ class _DriverSync:
 
 
 def _run_requests(base: Run, config: AllocatorConfig, settings: str, cap_bytes: int | None, total_memory: int,
-             stop_at: int | None) -> tuple[Run, Engine]:
+                  stop_at: int | None, series: bool = True) -> tuple[Run, Engine]:
     eng = Engine(config, cap_bytes=cap_bytes, total_memory=total_memory)
     # The driver picks segment addresses from the history of cudaMalloc and cudaFree calls.
     # While the what-if makes the same calls as the GPU's run, in the same order, it takes
@@ -82,37 +83,56 @@ def _run_requests(base: Run, config: AllocatorConfig, settings: str, cap_bytes: 
             run.oom_requests.append((-1, req))
     malloc, free_req, free_done, empty = eng.malloc, eng.free_requested, eng.free_completed, eng.empty_cache
     alloc_a, res_a = run.allocated, run.reserved
-    for k, r in enumerate(base.requests):
-        if stop_at is not None and k >= stop_at:
-            break
-        kind = r[0]
-        if kind == R_ALLOC:
-            try:
-                blocks[r[1]] = malloc(r[2], r[3], r[4])
-            except EngineOutOfMemory:
-                run.oom_requests.append((k, r[2]))
-        elif kind == R_FREE_REQ:
-            b = blocks.get(r[1])
+    reqs = base.requests
+    pools, empties = reqs.pools, reqs.empties
+    sizes, streams = reqs.events.sizes, reqs.events.streams
+    peak_a, peak_r, peak_k = 0, -1, 0
+    get, pop = blocks.get, blocks.pop
+    data = reqs.data if stop_at is None else reqs.data[:max(stop_at, 0)]
+    k = -1
+    for k, x in enumerate(data):
+        kind = x & 7
+        if kind == R_FREE_REQ:
+            b = get(x >> 16)
             if b is not None:
                 free_req(b)
-        elif kind == R_FREE_DONE:
-            b = blocks.pop(r[1], None)
+            if series:
+                alloc_a.append(eng.allocated_bytes)
+                res_a.append(eng.reserved_bytes)
+            continue                     # a free raises no peak
+        if kind == R_FREE_DONE:
+            b = pop(x >> 16, None)
             if b is not None:
                 free_done(b)
+        elif kind == R_ALLOC:
+            i = x >> 16
+            try:
+                blocks[i] = malloc(sizes[i], streams[i], pools[(x >> 3) & 8191])
+            except EngineOutOfMemory:
+                run.oom_requests.append((k, sizes[i]))
         elif kind == R_EMPTY:
-            empty(r[1])
+            empty(empties[x >> 16])
         else:  # a request that failed on the GPU: try it, and drop it at once if it fits
+            i = x >> 16
             try:
-                b = malloc(r[1], r[2], r[3])
+                b = malloc(sizes[i], streams[i], pools[(x >> 3) & 8191])
                 free_req(b)
                 free_done(b)
             except EngineOutOfMemory:
-                run.oom_requests.append((k, r[1]))
+                run.oom_requests.append((k, sizes[i]))
         if sync.on and eng.events:
             sync.follow()
-        alloc_a.append(eng.allocated_bytes)
-        res_a.append(eng.reserved_bytes)
-    run.events_replayed = len(alloc_a)
+        # the values after each request: peaks always, the series when asked
+        a, r = eng.allocated_bytes, eng.reserved_bytes
+        if a > peak_a:
+            peak_a = a
+        if r > peak_r:
+            peak_r, peak_k = r, k
+        if series:
+            alloc_a.append(a)
+            res_a.append(r)
+    run.events_replayed = k + 1
+    run.peak_allocated_bytes, run.peak_reserved_bytes, run.peak_index = peak_a, max(peak_r, 0), max(peak_k, 0)
     _finish(run, eng)
     return run, eng
 
