@@ -395,14 +395,20 @@
     return s;
   }
 
+  const TITLES = { suggest: "Suggested settings", suggestions: "Suggested settings", oom: "The out-of-memory error",
+                   oom_explanation: "Why the run ran out of memory", ooms: "The out-of-memory errors" };
+
   function extraSections(json) {
-    // Sections the command line's --json may add (suggestions, an OOM explanation): shown as given.
+    // Sections the command line's --json has beside the settings (suggestions, an explanation
+    // of an OOM): each shown as given, a list of records as a table, text as text.
     const known = new Set(["trace_events", "settings", "replay", "what_if"]);
     const out = [];
     for (const [key, value] of Object.entries(json)) {
       if (known.has(key) || value === null || value === undefined) continue;
-      out.push(el("h3", { text: key.replace(/_/g, " ") }));
-      out.push(renderValue(value));
+      const box = el("section", { class: "memlab-doctor-extra", "data-key": key }, [
+        el("h3", { text: TITLES[key] || key.charAt(0).toUpperCase() + key.slice(1).replace(/_/g, " ") }),
+        renderValue(value)]);
+      out.push(box);
     }
     return out;
   }
