@@ -114,13 +114,13 @@ def _order(seg: dict[str, Any]) -> tuple[int, int]:
 
 
 def figure_data(report: Any, points: int = POINTS) -> dict[str, Any]:
-    """What the page draws: one line pair per setting (recorded run first) and the peak's segments.
+    """The timeline the page draws: reserved and allocated bytes per setting (recorded run first).
 
     Returns:
         ``{"requests": int, "runs": [{"label", "recorded", "x", "reserved", "allocated",
-        "peak_reserved_bytes", "ooms": [request index, ...]}], "segments": [{"address",
-        "total_size", "pool", "stream", "blocks": [{"size", "state"}]}], "segments_total": int}``;
-        bytes are whole numbers, x are request indices.
+        "peak_reserved_bytes", "ooms": [request index, ...] (at most 200)}]}``; at most
+        ``points`` values per line, each the largest of its bucket of requests; bytes are whole
+        numbers, x are request indices.
     """
     runs = []
     for k, run in enumerate([report.replay] + list(report.what_ifs)):
@@ -134,7 +134,12 @@ def figure_data(report: Any, points: int = POINTS) -> dict[str, Any]:
 
 
 def segment_data(report: Any) -> dict[str, Any]:
-    """The segments at the recorded run's peak, pinned ones first (at most 12), for the segment map."""
+    """The segments at the recorded run's peak, pinned ones first (at most 12), for the segment map.
+
+    Returns:
+        ``{"segments_total": int, "segments": [{"address", "total_size", "pool", "stream",
+        "expandable", "blocks": [{"size", "state"}] in address order}]}``.
+    """
     layout = report.peak_layout(report.replay)
     shown = sorted(layout, key=_order)[:SEGMENTS_SHOWN]
     return {"segments_total": len(layout),
