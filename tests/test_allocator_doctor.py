@@ -217,7 +217,9 @@ def test_cli_json_has_the_promised_fields(snap_file):
     out = _cli(str(snap_file), "--json", "--what-if", "expandable_segments:True", "--what-if", "max_split_size_mb:64")
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
-    assert set(doc) == {"trace_events", "settings", "replay", "what_if"}
+    # issue 11's four fields are still there; issue 17 added format, device_total_bytes, cap_bytes,
+    # cap_source, oom and suggestion (experiments.doctor.report.JSON_FIELDS)
+    assert {"trace_events", "settings", "replay", "what_if"} <= set(doc)
     assert doc["replay"]["matches_trace"] is True and doc["replay"]["first_mismatch"] is None
     assert doc["replay"]["final_reserved_bytes"] == RUNS[("cap", "")]["final"]["reserved_bytes.all.current"]
     assert [w["settings"] for w in doc["what_if"]] == ["expandable_segments:True", "max_split_size_mb:64"]

@@ -31,6 +31,18 @@ Record a snapshot in your program with
     torch.cuda.memory._dump_snapshot("snap.pickle")
 then run this command on the file (a pickle, gzip'd or not, or the lab's JSON form). No GPU
 and no torch are needed. The file is read without running anything in it.
+
+The report says whether the replay matched the trace event for event, what was reserved
+but unusable at the peak and which live blocks pinned it, and the figures of each --what-if.
+If the program ran out of memory, it explains the first OOM: the request that failed, what
+was reserved but unusable, which live blocks pinned it (with their stack frames when the
+snapshot has them) and which settings would have fitted. --suggest ranks a grid of settings
+and prints the PYTORCH_CUDA_ALLOC_CONF line to use.
+
+examples:
+  python -m experiments doctor snap.pickle --what-if expandable_segments:True
+  python -m experiments doctor snap.pickle.gz --suggest
+  python -m experiments doctor snap.pickle --cap 8589934592 --json
 """
 
 
@@ -50,7 +62,15 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     cap.add_argument("--cap", type=int, metavar="BYTES", help="memory cap for the what-ifs, in bytes")
     cap.add_argument("--cap-fraction", type=float, metavar="F", help="memory cap as a fraction of the device (0-1]")
     p.add_argument("--device", type=int, default=0, help="which device's trace (default 0)")
-    p.add_argument("--json", action="store_true", help="print one JSON object (its fields: experiments.doctor.report)")
+    p.add_argument("--suggest", action="store_true",
+                   help="replay a grid of settings (expandable segments, split sizes, roundup divisions, GC "
+                        "thresholds under the cap, and combinations), rank them by OOMs and peak reserved, and "
+                        "print the PYTORCH_CUDA_ALLOC_CONF line to use")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object (fields: python -c 'import experiments.doctor.report as r; "
+                        "print(r.JSON_FIELDS)')")
+    p.add_argument("--workers", type=int, metavar="N",
+                   help="processes for the what-ifs and the grid (default: this machine's cores, for long traces)")
     p.add_argument("--max-bytes", type=int, metavar="BYTES", default=DEFAULT_LIMITS.max_bytes,
                    help=f"read snapshots up to this size once decompressed (default {DEFAULT_LIMITS.max_bytes >> 20} MiB)")
     p.set_defaults(func=run_cli)
@@ -89,9 +109,11 @@ def _run(args: argparse.Namespace) -> int:
         raise InputError(f"--max-bytes must be a positive number of bytes, got {args.max_bytes}")
     if args.device < 0:
         raise InputError(f"--device must be a device index >= 0, got {args.device}")
+    if args.workers is not None and args.workers < 1:
+        raise InputError(f"--workers must be >= 1, got {args.workers}")
     limits = Limits(max_bytes=args.max_bytes)
     rep = doctor(args.snapshot, args.what_if, cap_bytes=args.cap, cap_fraction=args.cap_fraction,
-                 device=args.device, limits=limits)
+                 device=args.device, limits=limits, suggest=args.suggest, workers=args.workers)
     out = json.dumps(rep.to_json()) if args.json else rep.text()
     try:
         print(out)

@@ -12,7 +12,7 @@ def draw(report: Any) -> Any:
     from ..core.plotting import mib, new_figure, segment_map
 
     fig, (ax, ax2) = new_figure(2, 1, height=6.4)
-    runs = [report.replay] + report.what_ifs
+    runs = [report.series(r) for r in [report.replay] + report.what_ifs]
     for k, run in enumerate(runs):
         label = ("recorded: " if k == 0 else "") + (run.settings or "defaults")
         step = max(1, len(run.reserved) // 4000)

@@ -126,6 +126,8 @@ class Run:
         segment_log: (action, address, size) of every segment the GPU allocated or freed and of
             every expandable range it reserved, in order (replay only; a what-if takes the
             GPU's addresses while its own calls to the driver are the same).
+        live_keys: {block address: key} of the blocks allocated when a replay stopped early
+            (``stop_at``); a key below the number of trace events is the allocation's event.
     """
 
     settings: str
@@ -147,6 +149,7 @@ class Run:
     marks: list[tuple[int, int, int]] = dataclasses.field(default_factory=list)
     peak_event: int = 0
     segment_log: list[tuple[str, int, int]] = dataclasses.field(default_factory=list)
+    live_keys: dict[int, int] = dataclasses.field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
         """The JSON fields of the doctor's report for this run."""
@@ -594,6 +597,8 @@ def replay(trace: Trace, *, cap_bytes: int | None = None, total_memory: int | No
     with _no_gc():
         run = r.run()
     run.oom_events = trace.events.codes.count(OOM)
+    if stop_at is not None:
+        run.live_keys = r.keys
     return run
 
 

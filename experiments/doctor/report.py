@@ -24,10 +24,40 @@ from ..core.units import format_bytes
 from .engine import H200_TOTAL_MEMORY
 from .entries import SIZE_LIMIT
 from .loader import DEFAULT_LIMITS, InputError, Limits
+from .oom import explain, first_oom, infer_cap, your_frame
 from .replay import Run, replay
 from .rules import AllocatorConfig
+from .suggest import run_many, suggest as _suggest
 from .trace import Trace, read
 from .whatif import _config, what_if as _what_if
+
+FORMAT = "memlab-doctor-report-1"
+JSON_FIELDS = """The ``--json`` object (``Report.to_json()``), format ``memlab-doctor-report-1``:
+
+format            'memlab-doctor-report-1'
+trace_events      events in the trace (annotations left out)
+settings          the PYTORCH_CUDA_ALLOC_CONF the program ran with ('' = the defaults)
+device_total_bytes  the device's memory (the snapshot's, else the lab H200's)
+cap_bytes         the memory cap the what-ifs ran under, or null
+cap_source        'given', 'fraction', 'snapshot', 'inferred' (from the OOM entry) or null
+replay            settings, matches_trace, first_mismatch (null, or event_index, action,
+                  reason, expected, got), final/peak reserved and allocated bytes, oom_events
+what_if           one object per --what-if: settings, final/peak reserved and allocated bytes,
+                  oom_events
+oom               null, or the explanation of the first out-of-memory: event_index,
+                  request_bytes, rounded_bytes, segment_bytes, pool, stream, device_free_bytes,
+                  cap_bytes, allocated_bytes, reserved_bytes, reserved_unallocated_bytes,
+                  largest_free_bytes, followed, pinned (segments with free bytes that live
+                  blocks pin: address, segment_bytes, pool, stream, free_bytes,
+                  live_block_count, live_blocks [address, size, requested_size, frames
+                  [[file, line, name], ...]]), fits_under, fails_under (settings)
+suggestion        null, or (with --suggest) rows (every setting tried, best first:
+                  settings, peak_reserved_bytes, final_reserved_bytes, peak_allocated_bytes,
+                  oom_events, saved_bytes), recorded (the recorded run's figures), best (the
+                  first row, or null when nothing beats the recorded run), alloc_conf (the
+                  line to use, or null), cap_bytes
+Sizes are bytes. New fields may be added; none is removed or renamed within a format.
+"""
 
 
 def _layout_stats(segments: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -55,7 +85,17 @@ def _pinning(segments: Sequence[Mapping[str, Any]], top: int = 5) -> list[dict[s
 
 @dataclasses.dataclass
 class Report:
-    """What :func:`doctor` found. ``to_json()`` is the CLI's ``--json`` object; ``text()`` the report."""
+    """What :func:`doctor` found. ``to_json()`` is the CLI's ``--json`` object (fields:
+    :data:`JSON_FIELDS`); ``text()`` the report; in a notebook it shows itself with its figure.
+
+    Attributes:
+        trace, replay, what_ifs, configs: the trace, its exact replay, the what-if runs and
+            their settings.
+        cap_bytes: the cap the what-ifs ran under; cap_source: where it came from.
+        total_memory: the device's memory in bytes.
+        oom: the out-of-memory explanation (:func:`experiments.doctor.oom.explain`) or None.
+        suggestion: the ranked grid (:func:`experiments.doctor.suggest.suggest`) or None.
+    """
 
     trace: Trace
     replay: Run
@@ -63,7 +103,12 @@ class Report:
     configs: list[AllocatorConfig]
     cap_bytes: int | None
     total_memory: int
+    cap_source: str | None = None
+    replay_cap: int | None = None
+    oom: dict[str, Any] | None = None
+    suggestion: dict[str, Any] | None = None
     _layouts: dict[int, list[dict[str, Any]]] = dataclasses.field(default_factory=dict, repr=False)
+    _series: dict[int, Run] = dataclasses.field(default_factory=dict, repr=False)
 
     def peak_layout(self, run: Run) -> list[dict[str, Any]]:
         """The segments at ``run``'s peak reserved (computed on first use: a second pass up
@@ -72,23 +117,44 @@ class Report:
         if key not in self._layouts:
             t = self.trace
             if run is self.replay and run.matches_trace:
-                segs = replay(t, total_memory=self.total_memory, stop_at=run.peak_event + 1).final_segments
+                segs = replay(t, cap_bytes=self.replay_cap, total_memory=self.total_memory,
+                              stop_at=run.peak_event + 1, series=False).final_segments
             else:
                 if run is self.replay:
-                    cfg, cap = t.config, t.cap_bytes
+                    cfg, cap = t.config, self.replay_cap
                 else:
                     cfg, cap = self.configs[self.what_ifs.index(run)], self.cap_bytes
                 _, eng = _what_if(self.replay, cfg, run.settings, cap_bytes=cap, total_memory=self.total_memory,
-                                  stop_at=run.peak_index + 1)
+                                  stop_at=run.peak_index + 1, series=False)
                 segs = eng.segments()
             self._layouts[key] = segs
         return self._layouts[key]
 
+    def series(self, run: Run) -> Run:
+        """``run`` with its per-request series (allocated and reserved bytes after each
+        request), run again if it was computed without (for the figure)."""
+        if len(run.reserved) or not len(self.replay.requests):
+            return run
+        key = id(run)
+        if key not in self._series:
+            if run is self.replay:
+                self._series[key] = replay(self.trace, cap_bytes=self.replay_cap, total_memory=self.total_memory)
+            else:
+                cfg = self.configs[self.what_ifs.index(run)]
+                self._series[key] = _what_if(self.replay, cfg, run.settings, cap_bytes=self.cap_bytes,
+                                             total_memory=self.total_memory)[0]
+        return self._series[key]
+
     def to_json(self) -> dict[str, Any]:
-        """``{"trace_events", "settings", "replay": {...}, "what_if": [...]}`` (issue 11's format)."""
-        return {"trace_events": len(self.trace.events), "settings": self.trace.settings,
+        """The ``--json`` object: see :data:`JSON_FIELDS`."""
+        sug = None
+        if self.suggestion is not None:
+            sug = {k: v for k, v in self.suggestion.items() if k != "runs"}
+        return {"format": FORMAT, "trace_events": len(self.trace.events), "settings": self.trace.settings,
+                "device_total_bytes": self.total_memory, "cap_bytes": self.cap_bytes, "cap_source": self.cap_source,
                 "replay": self.replay.summary(),
-                "what_if": [w.summary() for w in self.what_ifs]}
+                "what_if": [w.summary() for w in self.what_ifs],
+                "oom": self.oom, "suggestion": sug}
 
     def rows(self) -> list[dict[str, Any]]:
         """One row per setting (recorded first): the figures and the fragmentation at the peak."""
@@ -107,17 +173,91 @@ class Report:
                        format_bytes(x["final_reserved_bytes"]), f"{x['peak_fragmentation']:.2f}", x["oom_events"]]
                       for x in self.rows()], right=[False, True, True, True, True, True])
 
+    def suggestion_table(self, top: int = 10) -> Table | None:
+        """The ranked grid of ``--suggest`` (best first), or None without one."""
+        if self.suggestion is None:
+            return None
+        rec = self.suggestion["recorded"]
+        rows = [[(r["settings"] or "defaults") + (" (recorded)" if r["settings"] == rec["settings"] else ""),
+                 format_bytes(r["peak_reserved_bytes"]), format_bytes(r["final_reserved_bytes"]), r["oom_events"],
+                 _signed(-r["saved_bytes"])] for r in self.suggestion["rows"][:top]]
+        return Table(["setting", "peak reserved", "final reserved", "OOMs", "peak vs yours"], rows,
+                     f"{len(self.suggestion['rows'])} settings replayed, best first",
+                     right=[False, True, True, True, True])
+
     def text(self) -> str:
-        """The short report: :meth:`summary`, then :meth:`table` as text."""
-        return "\n".join([self.summary(), "the same requests under each setting:"]
-                          + ["  " + line for line in str(self.table()).splitlines()])
+        """The report: :meth:`summary`, the OOM explanation, the settings side by side, and the
+        suggestion when asked for."""
+        parts = [self.summary()]
+        if self.oom is not None:
+            parts.append(self.oom_text())
+        if self.what_ifs:
+            parts += ["the same requests under each setting:"] + ["  " + line for line in str(self.table()).splitlines()]
+        if self.suggestion is not None:
+            parts.append(self.suggestion_text())
+        return "\n".join(parts)
+
+    def suggestion_text(self) -> str:
+        """The ranked grid and the line to use."""
+        s = self.suggestion or {}
+        lines = ["suggestion:"] + ["  " + line for line in str(self.suggestion_table()).splitlines()]
+        best, rec = s.get("best"), s.get("recorded", {})
+        if best is None:
+            lines.append("  no setting of the grid beats the one you ran with (" + (rec.get("settings") or "defaults")
+                         + "): keep it")
+        else:
+            why = (f"{best['oom_events']} out-of-memory errors instead of {rec['oom_events']}"
+                   if best["oom_events"] < rec["oom_events"] else
+                   f"peak reserved {format_bytes(best['peak_reserved_bytes'])} instead of "
+                   f"{format_bytes(rec['peak_reserved_bytes'])}")
+            lines.append(f"  use: {s['alloc_conf']}   ({why})")
+        return "\n".join(lines)
+
+    def oom_text(self) -> str:
+        """The out-of-memory explanation as sentences."""
+        o = self.oom or {}
+        cap = o.get("cap_bytes")
+        lines = [f"out of memory at trace entry {o['event_index']}: a request of {format_bytes(o['request_bytes'])} "
+                 f"(rounded to {format_bytes(o['rounded_bytes'])}; a new segment would be "
+                 f"{format_bytes(o['segment_bytes'])}) on stream {o['stream']} failed"
+                 + (f" under a cap of {format_bytes(cap)}" + (" (inferred)" if self.cap_source == "inferred" else "")
+                    if cap else "")]
+        if not o.get("followed"):
+            lines.append("  the exact replay stops before this point (see above), so the doctor cannot say what held "
+                         "the memory then")
+            return "\n".join(lines)
+        lines.append(f"  after the out-of-memory path released what it could, {format_bytes(o['reserved_bytes'])} was "
+                     f"reserved and {format_bytes(o['allocated_bytes'])} allocated: "
+                     f"{format_bytes(o['reserved_unallocated_bytes'])} reserved but unusable for it (the largest free "
+                     f"block {format_bytes(o['largest_free_bytes'])})")
+        if o.get("pinned"):
+            lines.append("  segments whose free bytes live blocks pin (they cannot be released):")
+            for p in o["pinned"]:
+                held = []
+                for b in p["live_blocks"]:
+                    f = your_frame(b["frames"])
+                    held.append(format_bytes(b["size"]) + (f" ({f[0].rsplit('/', 1)[-1]}:{f[1]} {f[2]})" if f else ""))
+                more = p["live_block_count"] - len(p["live_blocks"])
+                lines.append(f"    {format_bytes(p['segment_bytes'])} {p['pool']} segment at {p['address']:#x}: "
+                             f"{format_bytes(p['free_bytes'])} free, held by {', '.join(held)}"
+                             + (f" and {more} more" if more > 0 else ""))
+        if cap and o["allocated_bytes"] + o["segment_bytes"] > cap:
+            lines.append(f"  even with no fragmentation it could not fit: {format_bytes(o['allocated_bytes'])} allocated "
+                         f"+ {format_bytes(o['segment_bytes'])} > the cap; only freeing tensors (or a larger cap) helps")
+        if o.get("fits_under") or o.get("fails_under"):
+            fits = [s or "defaults" for s in o["fits_under"]]
+            lines.append("  this request would have fitted under: " + (", ".join(fits) if fits else
+                                                                       "none of the settings tried"))
+        return "\n".join(lines)
 
     def summary(self) -> str:
         """The replay's verdict and what is reserved but unusable at the peak (which live blocks
         pin which segments)."""
         t, r = self.trace, self.replay
-        lines = [f"snapshot: {len(t.events):,} trace events; settings: {t.settings or 'defaults'}"
-                 + (f"; cap {format_bytes(self.cap_bytes)}" if self.cap_bytes else "")]
+        cap = ""
+        if self.cap_bytes:
+            cap = f"; cap {format_bytes(self.cap_bytes)}" + (f" ({self.cap_source})" if self.cap_source else "")
+        lines = [f"snapshot: {len(t.events):,} trace events; settings: {t.settings or 'defaults'}" + cap]
         if r.matches_trace:
             lines.append("replay: matches the trace exactly (every segment event, block address and reserved byte)")
         else:
@@ -150,7 +290,13 @@ class Report:
     def _repr_html_(self) -> str:
         import html
 
-        return "<pre>" + html.escape(self.summary()) + "</pre>" + self.table()._repr_html_()
+        out = "<pre>" + html.escape(self.summary()) + "</pre>"
+        if self.oom is not None:
+            out += "<pre>" + html.escape(self.oom_text()) + "</pre>"
+        out += self.table()._repr_html_()
+        if self.suggestion is not None:
+            out += self.suggestion_table()._repr_html_()  # type: ignore[union-attr]
+        return out
 
     def _ipython_display_(self) -> None:
         from IPython.display import HTML, display
@@ -159,17 +305,29 @@ class Report:
         display(self.figure())
 
 
+def _signed(n: int) -> str:
+    return ("-" if n < 0 else "+" if n > 0 else "") + format_bytes(abs(n))
+
+
 def doctor(snapshot: Any, what_if: Sequence[str] = (), *, cap_bytes: int | None = None,
            cap_fraction: float | None = None, device: int = 0, show: bool = False,
-           limits: Limits = DEFAULT_LIMITS) -> Report:
+           limits: Limits = DEFAULT_LIMITS, suggest: bool = False, explain_oom: bool = True,
+           workers: int | None = None) -> Report:
     """Replay ``snapshot`` and answer the what-ifs.
 
     Args:
-        snapshot: a path (pickle or JSON), a snapshot dict, or a recorded run.
+        snapshot: a path (pickle, gzip'd pickle or JSON), a snapshot dict, or a recorded run.
         what_if: settings strings in ``PYTORCH_CUDA_ALLOC_CONF`` syntax ('' = defaults).
         cap_bytes / cap_fraction: a memory cap for the what-ifs (bytes, or a fraction of the
             device's memory: the snapshot's ``device_total_bytes`` or the H200's); default the
-            cap the snapshot records, if any.
+            cap the snapshot records, if any; for a snapshot that records none and ran out of
+            memory, the cap is inferred from its out-of-memory entry
+            (:func:`experiments.doctor.oom.infer_cap`).
+        suggest: also replay the grid of :mod:`experiments.doctor.suggest` and rank it.
+        explain_oom: for a trace with an out-of-memory error, explain the first one (which
+            runs the grid too, to say which settings would have fitted).
+        workers: processes for the what-ifs and the grid (default: the cores, on Linux, for
+            long traces; 1 runs them here).
         show: in a notebook, display the report and the figure.
         limits: what the loader accepts (:class:`experiments.doctor.loader.Limits`).
 
@@ -188,21 +346,47 @@ def doctor(snapshot: Any, what_if: Sequence[str] = (), *, cap_bytes: int | None 
         raise InputError(f"cap_fraction must be in (0, 1], got {cap_fraction!r}")
     if isinstance(device, bool) or not isinstance(device, int) or device < 0:
         raise InputError(f"device must be a device index >= 0, got {device!r}")
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise InputError(f"workers must be a whole number >= 1, got {workers!r}")
     if isinstance(what_if, str):
         what_if = [what_if]
     configs = [(s, _config(s)) for s in what_if]
     trace = read(snapshot, device=device, limits=limits)
     total = trace.total_memory or H200_TOTAL_MEMORY
-    cap = cap_bytes if cap_bytes is not None else int(cap_fraction * total) if cap_fraction else trace.cap_bytes
-    base = replay(trace, total_memory=total)
-    runs = [_what_if(base, cfg, settings, cap_bytes=cap, total_memory=total)[0] for settings, cfg in configs]
-    report = Report(trace, base, runs, [cfg for _, cfg in configs], cap, total)
+    source = None
+    if cap_bytes is not None:
+        cap, source = cap_bytes, "given"
+    elif cap_fraction:
+        cap, source = int(cap_fraction * total), "fraction"
+    elif trace.cap_bytes is not None:
+        cap, source = trace.cap_bytes, "snapshot"
+    else:
+        cap = infer_cap(trace, total) if first_oom(trace) is not None else None
+        source = "inferred" if cap is not None else None
+    replay_cap = trace.cap_bytes if trace.cap_bytes is not None else cap
+    base = replay(trace, cap_bytes=replay_cap, total_memory=total, series=False)
+    if source == "inferred" and base.first_mismatch and base.first_mismatch["event_index"] == first_oom(trace):
+        # the device was not what ran out (a per-process fraction was): the cap is unknown
+        cap = replay_cap = None
+        source = None
+        base.first_mismatch["reason"] = ("the GPU ran out of memory here, under a cap the snapshot does not record "
+                                         "(set_per_process_memory_fraction?): pass --cap BYTES or --cap-fraction F")
+    runs = run_many(base, [s for s, _ in configs], cap_bytes=cap, total_memory=total, workers=workers)
+    report = Report(trace, base, runs, [cfg for _, cfg in configs], cap, total, source, replay_cap)
+    oom_at = first_oom(trace)
+    if suggest or (explain_oom and oom_at is not None):
+        report.suggestion = _suggest(base, trace.settings, cap_bytes=cap, total_memory=total, workers=workers)
+    if explain_oom and oom_at is not None:
+        grid = dict(report.suggestion["runs"]) if report.suggestion else {}
+        grid.update({r.settings: r for r in runs})
+        report.oom = explain(trace, base, cap_bytes=replay_cap, total_memory=total, grid=grid)
+    if not suggest:
+        report.suggestion = None
     if show:
         from IPython.display import display
 
         display(report)
-        display(report.figure())
     return report
 
 
-__all__ = ["Report", "doctor"]
+__all__ = ["FORMAT", "JSON_FIELDS", "Report", "doctor"]
