@@ -111,7 +111,7 @@ def speed(browser, site: Path, large: Path | None, repeats: int) -> None:
             large = tmp / "synthetic_450k.pickle"
             _no_frames_pickle(large, 450_000)
         tab = Tab(browser, origin)
-        _set_what_ifs(tab.page, ["expandable_segments:True", "max_split_size_mb:128"], [])
+        _set_what_ifs(tab.page, ["expandable_segments:True", "max_split_size_mb:128"], [], suggest=False)
         got = tab.drop(large, timeout_s=900, until="result")
         if got["error"]:
             print(f"{large.name}: {got['error']}")

@@ -113,24 +113,37 @@ def _order(seg: dict[str, Any]) -> tuple[int, int]:
     return (0 if live and free else 1, -free if live else -seg["total_size"])
 
 
-def figure_data(report: Any, points: int = POINTS) -> dict[str, Any]:
+def _with_series(report: Any, run: Any, kept: Sequence[Any]) -> Any:
+    """``run`` with its per-request series: as it is, or the same what-if kept while it ran, or
+    (the doctor's own way) run again."""
+    if len(run.reserved) or not run.events_replayed:
+        return run
+    for other in kept:
+        if other.settings == run.settings and len(other.reserved) and \
+                other.peak_reserved_bytes == run.peak_reserved_bytes:
+            return other
+    return report.series(run)
+
+
+def figure_data(report: Any, points: int = POINTS, with_series: Sequence[Any] = ()) -> dict[str, Any]:
     """The timeline the page draws: reserved and allocated bytes per setting (recorded run first).
 
     Returns:
-        ``{"requests": int, "runs": [{"label", "recorded", "x", "reserved", "allocated",
+        ``{"requests": int, "runs": [{"label", "recorded", "requests", "x", "reserved", "allocated",
         "peak_reserved_bytes", "ooms": [request index, ...] (at most 200)}]}``; at most
         ``points`` values per line, each the largest of its bucket of requests; bytes are whole
         numbers, x are request indices.
     """
     runs = []
-    for k, run in enumerate([report.replay] + list(report.what_ifs)):
+    for k, shown in enumerate([report.replay] + list(report.what_ifs)):
+        run = _with_series(report, shown, with_series)
         xs, res = _envelope(run.reserved, points)
         _, alloc = _envelope(run.allocated, points)
         runs.append({"label": ("recorded: " if k == 0 else "") + (run.settings or "defaults"), "recorded": k == 0,
+                     "requests": len(run.reserved),
                      "x": xs, "reserved": res, "allocated": alloc, "peak_reserved_bytes": run.peak_reserved_bytes,
                      "ooms": [i for i, _ in run.oom_requests if i >= 0][:200]})
-    return {"requests": max((len(r.reserved) for r in [report.replay] + list(report.what_ifs)), default=0),
-            "runs": runs}
+    return {"requests": max((r["requests"] for r in runs), default=0), "runs": runs}
 
 
 def segment_data(report: Any) -> dict[str, Any]:
@@ -174,14 +187,21 @@ def run(path: str, what_if: Sequence[str] = (), *, cap_bytes: int | None = None,
         return {"ok": False, "error": str(e), "argv": args_list}
     from experiments.doctor import report as report_mod
 
+    try:
+        from experiments.doctor import suggest as runs_mod   # runs every what-if (run_many)
+    except ImportError:
+        runs_mod = None
     kept: dict[str, Any] = {}
     timings: dict[str, Any] = {"what_if": []}
+    series: list[Any] = []   # the reader's what-ifs, with their per-request series
     real_doctor = report_mod.doctor
-    real_replay, real_what_if = getattr(report_mod, "replay", None), getattr(report_mod, "_what_if", None)
+    real_replay = getattr(report_mod, "replay", None)
+    real_what_if = getattr(runs_mod, "what_if", None)
 
-    # The command calls report.doctor(), which reads, replays, then runs each what-if: watch
-    # those calls to keep the report, to tell the page how far it got, and to tell a tab out of
-    # memory and a bug (with its traceback) from the command's other failures.
+    # The command calls report.doctor(), which reads, replays, then runs each what-if (and the
+    # suggestion's grid): watch those calls to keep the report, to tell the page how far it
+    # got, to keep the series the figure needs (the command asks for peaks only, which changes
+    # no figure of its JSON), and to tell a tab out of memory and a bug from bad input.
     def doctor(*a: Any, **kw: Any) -> Any:
         say("reading the snapshot")
         try:
@@ -195,36 +215,41 @@ def run(path: str, what_if: Sequence[str] = (), *, cap_bytes: int | None = None,
         say("writing the result")
         return kept["report"]
 
-    # The figure needs bytes after every request; the command line may ask for peaks only
-    # (series=False), which changes no figure of its JSON.
     def replay(*a: Any, **kw: Any) -> Any:
-        if "series" in kw:
-            kw["series"] = True
-        if "replay" in timings:
+        if "replay" in timings or kw.get("stop_at") is not None:
             return real_replay(*a, **kw)
         say("replaying the recorded run")
+        kw["series"] = True
         t = time.perf_counter()
         out = real_replay(*a, **kw)
         timings["replay"] = time.perf_counter() - t
         return out
 
     def what_if_run(base: Any, cfg: Any, settings: str, **kw: Any) -> Any:
-        if "series" in kw:
-            kw["series"] = True
         if kw.get("stop_at") is not None:
             return real_what_if(base, cfg, settings, **kw)
-        say(f"what-if {len(timings['what_if']) + 1} of {len(what_if)}: {settings or 'defaults'}")
+        k = len(timings["what_if"])
+        if k < len(what_if):
+            say(f"what-if {k + 1} of {len(what_if)}: {settings or 'defaults'}")
+            kw["series"] = True
+        else:
+            say(f"suggestion: setting {k + 1 - len(what_if)} of the grid, {settings or 'defaults'}")
         t = time.perf_counter()
         out = real_what_if(base, cfg, settings, **kw)
         timings["what_if"].append(time.perf_counter() - t)
+        if k < len(what_if):
+            series.append(out[0])
         return out
 
     out, err = io.StringIO(), io.StringIO()
-    # Only the report is needed (doctor); the two others only tell the page the progress, so a
-    # later doctor that names them otherwise still runs, with less said on the way.
-    patches = [(report_mod, "doctor", doctor, real_doctor)] + [
-        (report_mod, name, fake, real) for name, fake, real in
-        (("replay", replay, real_replay), ("_what_if", what_if_run, real_what_if)) if real is not None]
+    # Only the report is needed (doctor); the others tell the page the progress and keep the
+    # series, so a later doctor that names them otherwise still runs (the figure then runs the
+    # what-ifs again: Report.series).
+    patches = [(report_mod, "doctor", doctor, real_doctor)]
+    if real_replay is not None:
+        patches.append((report_mod, "replay", replay, real_replay))
+    if real_what_if is not None:
+        patches.append((runs_mod, "what_if", what_if_run, real_what_if))
     for mod, name, fake, _ in patches:
         setattr(mod, name, fake)
     try:
@@ -242,9 +267,14 @@ def run(path: str, what_if: Sequence[str] = (), *, cap_bytes: int | None = None,
         return {"ok": False, "argv": args_list, "error": line}
     text = out.getvalue()
     rep = kept["report"]
+    timings["user_what_if"] = timings["what_if"][:len(what_if)]
+    timings["grid"] = timings["what_if"][len(what_if):]
+    timings["what_if"] = timings["user_what_if"]
+    fig = figure_data(rep, with_series=series)
     timings["total"] = time.perf_counter() - t0
-    return {"ok": True, "argv": args_list, "json_text": text, "json": json.loads(text),
-            "figure": figure_data(rep), "seconds": timings, "report": rep}
+    oom = rep.oom_text() if getattr(rep, "oom", None) and hasattr(rep, "oom_text") else None
+    return {"ok": True, "argv": args_list, "json_text": text, "json": json.loads(text), "oom_text": oom,
+            "figure": fig, "seconds": timings, "report": rep}
 
 
 def details(report: Any) -> dict[str, Any]:

@@ -291,7 +291,11 @@
       el("td", { class: "memlab-num", text: String(r.oom_events) }),
     ]));
     return el("div", {}, [
-      el("p", { class: "memlab-doctor-note", text: json.trace_events.toLocaleString("en") + " trace events. " + replayVerdict(json.replay) }),
+      el("p", { class: "memlab-doctor-note", text: json.trace_events.toLocaleString("en") + " trace events" +
+        (json.cap_bytes ? "; the what-ifs ran under a cap of " + formatBytes(json.cap_bytes) +
+          ({ given: " (yours)", fraction: " (your fraction of the device)", snapshot: " (the snapshot's)",
+             inferred: " (inferred from the out-of-memory entry)" }[json.cap_source] || "") : "") +
+        ". " + replayVerdict(json.replay) }),
       el("div", { class: "memlab-scroll" }, [el("table", { class: "memlab-doctor-table" }, [
         el("thead", {}, [head]), el("tbody", {}, rows)])])]);
   }
@@ -398,10 +402,46 @@
   const TITLES = { suggest: "Suggested settings", suggestions: "Suggested settings", oom: "The out-of-memory error",
                    oom_explanation: "Why the run ran out of memory", ooms: "The out-of-memory errors" };
 
+  function oomSection(answer) {
+    // The doctor's own sentences (Report.oom_text), and the settings under which the request fits.
+    const o = answer.json.oom;
+    if (!o) return null;
+    const names = (list) => list.length ? list.map((x) => x || "defaults").join(", ") : "none of the settings tried";
+    return el("section", { class: "memlab-doctor-oom", "data-key": "oom" }, [
+      el("h3", { text: "Why the run ran out of memory" }),
+      el("pre", { class: "memlab-doctor-prose", text: answer.oom_text || JSON.stringify(o, null, 1) }),
+      o.fits_under && o.fits_under.length ? el("p", {}, [document.createTextNode("It would have fitted under: "),
+        el("code", { text: names(o.fits_under) })]) : null]);
+  }
+
+  function suggestionSection(json) {
+    const s = json.suggestion;
+    if (!s) return null;
+    const rows = (s.rows || []).slice(0, 10);
+    const rec = (s.recorded || {}).settings;
+    const signed = (b) => (b > 0 ? "−" : b < 0 ? "+" : "") + formatBytes(Math.abs(b));
+    const table = el("div", { class: "memlab-scroll" }, [el("table", { class: "memlab-doctor-table" }, [
+      el("thead", {}, [el("tr", {}, ["setting", "peak reserved", "final reserved", "OOMs", "peak vs yours"].map(
+        (h, i) => el("th", { scope: "col", class: i ? "memlab-num" : "", text: h })))]),
+      el("tbody", {}, rows.map((r) => el("tr", { class: s.best && r.settings === s.best.settings ? "memlab-doctor-best" : "" }, [
+        el("th", { scope: "row" }, [breakable((r.settings || "defaults") + (r.settings === rec ? " (yours)" : ""))]),
+        el("td", { class: "memlab-num", text: formatBytes(r.peak_reserved_bytes) }),
+        el("td", { class: "memlab-num", text: formatBytes(r.final_reserved_bytes) }),
+        el("td", { class: "memlab-num", text: String(r.oom_events) }),
+        el("td", { class: "memlab-num", text: signed(r.saved_bytes) })])))])]);
+    const verdict = s.best && s.alloc_conf
+      ? el("p", {}, [document.createTextNode("Use: "), el("code", { class: "memlab-doctor-conf", text: s.alloc_conf })])
+      : el("p", { text: "No setting of the grid beats the one you ran with (" + (rec || "defaults") + "): keep it." });
+    return el("section", { class: "memlab-doctor-suggestion", "data-key": "suggestion" }, [
+      el("h3", { text: "Suggested setting" }), verdict,
+      el("p", { class: "memlab-doctor-note", text: (s.rows || []).length + " settings replayed, best first" +
+        ((s.rows || []).length > 10 ? " (10 shown; all in the download)" : "") + "." }), table]);
+  }
+
   function extraSections(json) {
-    // Sections the command line's --json has beside the settings (suggestions, an explanation
-    // of an OOM): each shown as given, a list of records as a table, text as text.
-    const known = new Set(["trace_events", "settings", "replay", "what_if"]);
+    // Sections a later --json may add: each shown as given, a list of records as a table, text as text.
+    const known = new Set(["format", "trace_events", "settings", "device_total_bytes", "cap_bytes", "cap_source",
+                           "replay", "what_if", "oom", "suggestion"]);
     const out = [];
     for (const [key, value] of Object.entries(json)) {
       if (known.has(key) || value === null || value === undefined) continue;
@@ -448,6 +488,8 @@
     lastDetails = null;
     const secs = answer.seconds;
     results.replaceChildren(
+      suggestionSection(json) || "",
+      oomSection(answer) || "",
       el("h3", { text: "The settings side by side" }),
       settingsTable(json),
       el("figure", { class: "memlab-doctor-figure" }, [
@@ -458,8 +500,10 @@
       ...extraSections(json),
       el("p", {}, [download]),
       el("p", { class: "memlab-doctor-note" }, [document.createTextNode("The same as "), el("code", { text: cmd }),
-        document.createTextNode(" on your machine. Replay " + (secs.replay || 0).toFixed(2) + " s" +
-          (secs.what_if.length ? ", what-ifs " + secs.what_if.map((t) => t.toFixed(2) + " s").join(", ") : "") + ".")]),
+        document.createTextNode(" on your machine. Here: replay " + (secs.replay || 0).toFixed(2) + " s" +
+          (secs.what_if.length ? ", what-ifs " + secs.what_if.map((t) => t.toFixed(2) + " s").join(", ") : "") +
+          (secs.grid && secs.grid.length ? ", the suggestion's " + secs.grid.length + " settings " +
+            secs.grid.reduce((a, b) => a + b, 0).toFixed(1) + " s" : "") + ".")]),
       el("div", { class: "memlab-doctor-details" }, [el("p", { class: "memlab-doctor-note", text: "The report and the segments at the peak follow\u2026" })]),
     );
     results.hidden = false;
