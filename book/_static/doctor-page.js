@@ -359,11 +359,13 @@
     return s;
   }
 
-  function legend(fig) {
+  function legend(fig, json) {
+    const counts = runsOf(json).map((r) => r.oom_events);   // the table's counts, in the same order
     return el("ul", { class: "memlab-doctor-legend" }, fig.runs.map((r, k) => el("li", {}, [
       el("span", { class: "memlab-doctor-swatch", style: "background:" + PALETTE[k % PALETTE.length] }),
       el("code", { text: r.label }),
-      document.createTextNode(" peak " + formatBytes(r.peak_reserved_bytes) + (r.ooms.length ? ", " + r.ooms.length + " OOM" : "")),
+      document.createTextNode(" peak " + formatBytes(r.peak_reserved_bytes) +
+        (counts[k] ? ", " + counts[k] + " OOM" + (counts[k] > 1 ? "s" : "") : "")),
     ])));
   }
 
@@ -488,13 +490,13 @@
     lastDetails = null;
     const secs = answer.seconds;
     results.replaceChildren(
-      suggestionSection(json) || "",
       oomSection(answer) || "",
+      suggestionSection(json) || "",
       el("h3", { text: "The settings side by side" }),
       settingsTable(json),
       el("figure", { class: "memlab-doctor-figure" }, [
         el("div", { class: "memlab-doctor-plot" }),
-        legend(answer.figure),
+        legend(answer.figure, json),
         el("figcaption", { text: "Reserved (solid) and allocated (dashed) memory after each request, for every setting; " +
                                   "ticks on the axis mark requests that ran out of memory." })]),
       ...extraSections(json),
