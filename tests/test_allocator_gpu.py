@@ -265,7 +265,7 @@ def test_recording_the_chapter_fits_the_time_budget(tmp_path):
 
     # The doctor's snapshots (alloc.doctor_snapshots) are real programs under 21 allocator settings, one fresh
     # process each, recorded on their own budget (CONTRIBUTING, "Sizing"); the chapter's other seven share five.
-    chapter = [e for e in registry.all_experiments(1) if e.id != "alloc.doctor_snapshots"]
+    chapter = [e for e in registry.all_experiments(1) if not e.own_budget]
     alloc_fresh._kept.clear()
     t0 = time.perf_counter()
     paths, failures = registry.record(chapter, root=tmp_path, progress=False)

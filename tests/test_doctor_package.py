@@ -122,3 +122,34 @@ def test_the_rules_file_ships_in_the_package():
 
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["experiments"]
     assert "doctor/*.md" in data
+
+
+# ----------------------------------------------------------------------------- each rule once
+
+def test_the_engine_splits_by_the_one_split_rule(monkeypatch):
+    """The split rule the tests check (rules.should_split) is the one the engine runs."""
+    import experiments.doctor.engine as engine_mod
+    from experiments.allocator.model import request_anatomy
+    from experiments.doctor.rules import AllocatorConfig, MiB, should_split
+
+    calls = []
+
+    def spy(*args, **kwargs):
+        calls.append(args)
+        return should_split(*args, **kwargs)
+
+    monkeypatch.setattr(engine_mod, "should_split", spy)
+    for cfg in (AllocatorConfig(), AllocatorConfig(max_split_size=64 * MiB), AllocatorConfig(expandable_segments=True)):
+        for n in (100, 600 * 1024, 3 * MiB + 1, 12 * MiB, 70 * MiB, 130 * MiB - 1):
+            a = request_anatomy(n, cfg)
+            assert a["split"] == should_split(a["segment_bytes"], a["rounded_bytes"], a["pool"], cfg,
+                                              expandable=cfg.expandable_segments), (cfg, n)
+    assert calls, "the engine did not call rules.should_split"
+
+
+def test_rules_name_the_cpp_function_they_follow():
+    import experiments.doctor.rules as rules
+
+    for name in ("round_size", "get_allocation_size", "should_split", "pool_of", "page_size"):
+        doc = getattr(rules, name).__doc__
+        assert "CUDACachingAllocator.cpp" in doc and "§" in doc, name

@@ -668,21 +668,29 @@ al.plot_sequence(run, title="2 MiB, free, then 512 KiB")
 # al.doctor("my_snapshot.pickle", what_if=["expandable_segments:True", "max_split_size_mb:64"])
 # ```
 #
-# or, from a shell, `python -m experiments doctor my_snapshot.pickle --what-if
-# expandable_segments:True --json`. The file is read with an unpickler that accepts only
-# plain data, so a snapshot someone sends you cannot run code. Nothing to install: the page
+# or, from a shell, with no GPU and no torch needed:
+#
+# ```bash
+# python -m experiments doctor my_snapshot.pickle --what-if expandable_segments:True
+# python -m experiments doctor my_snapshot.pickle.gz --suggest   # rank a grid, print the line to use
+# ```
+#
+# The file (a pickle, gzip'd or not) is read by a loader of our own that builds plain data
+# only and checks every size before spending the memory, so a snapshot someone sends you
+# cannot run code or exhaust your machine. Nothing to install: the page
 # {ref}`check-snapshot` runs the same doctor in your browser, on a file you drop on it,
 # which it sends nowhere.
 #
-# Here is the doctor on a real training loop recorded on the lab GPU by
-# `python -m experiments record`: a 4-layer `torch.nn.TransformerEncoder` trained with
-# AdamW at batch sizes 24, 32, 40 and 48 (two steps each), with every batch copied in on a
-# side stream. On a GPU, `ex.run` records the same program on yours instead.
+# Here is the doctor on a real training loop: a 4-layer `torch.nn.TransformerEncoder`
+# trained with AdamW at batch sizes 24, 32, 40 and 48 (two steps each), with every batch
+# copied in on a side stream. `al.own_snapshot()` records it on your GPU, in a fresh process
+# with the default settings (a few seconds); without a GPU it is the lab H200's recording
+# of the same program.
 
 # %%
-training = ex.run("alloc.doctor_snapshots", workload="training")
-lab_run = training["runs"][0]                     # recorded with the default settings
-report = al.doctor(lab_run, what_if=["expandable_segments:True"])
+mine = al.own_snapshot()                          # live on your GPU, or the lab's recording
+print("snapshot", mine["source"])
+report = al.doctor(mine, what_if=["expandable_segments:True"])
 print(report.summary())
 report.table()
 
@@ -695,6 +703,14 @@ report.table()
 
 # %%
 report.figure()
+
+# %% [markdown]
+# The lab's comparison: the same training loop recorded on the lab GPU under four
+# settings (`python -m experiments record --experiment alloc.doctor_snapshots`, 21 fresh
+# processes in all, so it is read from the recording in both modes).
+
+# %%
+training = ex.run("alloc.doctor_snapshots", mode="recorded", workload="training")
 
 # %% [markdown]
 # ```{exercise} Do the other knobs help this training loop?
@@ -734,6 +750,31 @@ al.plot_doctor_snapshots(training)
 # depends on the addresses the driver picks, which a what-if knows only while it asks the
 # driver for the same segments as the recorded run did).
 # ```
+
+# %% [markdown]
+# **Which setting?** `suggest=True` (`--suggest` on the command line) replays a grid: the
+# defaults, expandable segments, `max_split_size_mb` below the largest segment your run
+# made, `roundup_power2_divisions` 2 to 16, `garbage_collection_threshold` under a memory
+# cap, and combinations of the best of each, ranks them by out-of-memory errors and then
+# peak reserved memory, and prints the `PYTORCH_CUDA_ALLOC_CONF` line to use:
+
+# %%
+print(al.doctor(mine, suggest=True).suggestion_text())
+
+# %% [markdown]
+# **Why did it run out of memory?** For a trace with an out-of-memory error the report
+# explains the first one: the request that failed, what was reserved but unusable after
+# the allocator released what it could, which live blocks pinned those segments (with
+# the lines of your program that allocated them, when the snapshot has stack frames), and
+# which settings of the grid would have served the request. The lab recorded a program
+# under a 1 GiB cap that asks for 700 MiB with 650 MiB still in use:
+
+# %%
+capped = ex.run("alloc.doctor_snapshots", mode="recorded", workload="cap")["runs"][0]
+print(al.doctor(capped).oom_text())
+
+# %% [markdown]
+# No setting helps there: the live tensors alone leave too little room under the cap.
 
 # %% [markdown]
 # (ch1-claims)=

@@ -36,6 +36,7 @@ from .predict import (  # noqa: F401
 from ..doctor.report import (  # noqa: F401  (the doctor: a package of its own, experiments.doctor)
     doctor, Report,
 )
+from .doctor_gpu import own_snapshot  # noqa: F401
 from .snapshot import (  # noqa: F401
     fragmentation_index, layout_summary, load_snapshot, parse_oom_message, parse_segments,
 )
@@ -44,7 +45,7 @@ __all__ = [
     'ALLOC_CONF_DOCS', 'AllocatorConfig', 'anatomy', 'ANATOMY_SIZES', 'BIG_REQUEST_B',
     'boundary_sequences', 'BOUNDARY_SIZES', 'check_frag_index', 'check_oom_reading',
     'check_doctor_setting', 'check_pool_boundary_choice', 'doctor', 'DOCTOR_SETTINGS', 'lab_comparison',
-    'lab_comparison_table', 'plot_doctor_snapshots', 'Report', 'check_reserved_function', 'check_timeline_prediction',
+    'lab_comparison_table', 'own_snapshot', 'plot_doctor_snapshots', 'Report', 'check_reserved_function', 'check_timeline_prediction',
     'compact_layout', 'explain_setting_error', 'format_bytes', 'fragmentation_index',
     'fragmentation_oom', 'GRAPH_BATCH_SIZES', 'graph_capture_ops', 'GRAPH_DTYPE', 'GRAPH_HIDDEN',
     'GRAPH_ORDERS', 'graph_pools', 'graph_pools_table', 'KiB', 'KNOB_CAP_MIB', 'KNOBS', 'knobs',

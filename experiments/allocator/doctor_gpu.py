@@ -357,6 +357,7 @@ _PHASES = {"type": "array", "items": {"type": "object", "required": ["phase", "t
     "alloc.doctor_snapshots",
     chapter=1,
     title="Memory snapshots of seven workloads under several allocator settings, for the doctor",
+    own_budget=True,   # 21 fresh processes, ~140 s: record --experiment alloc.doctor_snapshots
     params=[Param("workload", "training", choices=WORKLOADS, help="the program whose snapshot is recorded")],
     grid={"workload": WORKLOADS},
     data_schema={
@@ -387,3 +388,42 @@ def doctor_snapshots(workload: str = "training") -> dict[str, Any]:
                           alloc_conf_settings=setting or None, timeout_s=300).unwrap()
         runs.append({"settings": setting, **value})
     return {"runs": runs}
+
+
+# ----------------------------------------------------------------------------- the reader's own GPU
+
+def own_snapshot(workload: str = "training", *, mode: str | None = None) -> dict[str, Any]:
+    """One snapshot of ``workload`` under the default settings: recorded live on this GPU in a
+    fresh process (a few seconds), or, without a GPU (or ``mode='recorded'``), the lab H200's
+    run of the same program under the same settings from ``alloc.doctor_snapshots``.
+
+    Returns:
+        a run as :func:`doctor_snapshots` returns them (settings '', snapshot, phases, final,
+        device_total_bytes), with ``source``: 'live on <GPU>' or 'recorded on <GPU>, <date>'.
+
+    Raises:
+        ValueError: an unknown workload or mode.
+    """
+    from ..core.registry import resolve_mode, run
+
+    if workload not in SETTINGS:
+        raise ValueError(f"workload must be one of {sorted(SETTINGS)}, got {workload!r}")
+    if resolve_mode(mode) == "live":
+        from ..core.device import collect_provenance
+        from ..core.runner import run_fresh
+
+        value = run_fresh("experiments.allocator.doctor_gpu:snapshot_worker", {"workload": workload},
+                          alloc_conf_settings=None, timeout_s=300).unwrap()
+        return {"settings": "", **value, "source": f"live on {collect_provenance().gpu_name}"}
+    result = run("alloc.doctor_snapshots", mode="recorded", workload=workload)
+    base = next(r for r in result["runs"] if r["settings"] == "")
+    return {**base, "source": f"recorded on {result.provenance.gpu_name}, {result.provenance.day}"}
+
+
+def long_trace_path(gpu: str = "nvidia-h200") -> Any:
+    """Where the long eager training loop's raw snapshot (``doctor_cases`` case 'eager_long',
+    default settings; gzip'd ``_snapshot()`` pickle, ~450,000 events) is kept beside the
+    recordings of ``alloc.doctor_cases``: the input of ``benchmarks/doctor_replay.py``."""
+    from ..core.store import recorded_dir
+
+    return recorded_dir() / "alloc.doctor_cases" / f"{gpu}.eager_long.pickle.gz"

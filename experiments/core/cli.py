@@ -28,7 +28,8 @@ def _select(chapter: int | None, experiment_ids: list[str] | None) -> list[Any]:
 
     if experiment_ids:
         return [registry.get(e) for e in experiment_ids]
-    exps = registry.all_experiments(chapter)
+    # experiments on a budget of their own are recorded only when named (--experiment ID)
+    exps = [e for e in registry.all_experiments(chapter) if not e.own_budget]
     if not exps:
         raise SystemExit(f"no experiments in chapter {chapter}")
     return exps
@@ -124,7 +125,10 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         else:
             sub.add_parser(cmd.name, help=cmd.help)
 
-    rec = sub.add_parser("record", help="run experiments on this GPU and write recorded results")
+    rec = sub.add_parser("record", help="run experiments on this GPU and write recorded results",
+                         description="Run experiments on this GPU and write their recorded results. Without "
+                                     "--experiment, every experiment of the chapters except those on a budget of "
+                                     "their own (the doctor's validation set: --experiment alloc.doctor_snapshots).")
     rec.add_argument("--chapter", type=int, choices=chapters.NUMBERS,
                      help=f"only this chapter ({chapters.NUMBERS[0]}-{chapters.NUMBERS[-1]})")
     rec.add_argument("--experiment", action="append", help="only this experiment id (repeatable)")

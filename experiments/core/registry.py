@@ -116,6 +116,7 @@ class Experiment:
     grid: tuple[dict[str, Any], ...]
     data_schema: dict[str, Any] | None = None
     doc: str = ""
+    own_budget: bool = False     # recorded only when named: record --experiment ID
 
     def param(self, name: str) -> Param:
         for p in self.params:
@@ -174,6 +175,7 @@ def experiment(
     params: Sequence[Param] = (),
     grid: Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]] | None = None,
     data_schema: Mapping[str, Any] | None = None,
+    own_budget: bool = False,
 ) -> Callable[[Callable[..., Mapping[str, Any]]], Callable[..., Mapping[str, Any]]]:
     """Register the decorated function as experiment ``id``.
 
@@ -185,6 +187,8 @@ def experiment(
             product) or a list of partial points; missing names take defaults. The
             default point is always recorded, so pages can render it without a GPU.
         data_schema: JSON schema of the returned data, checked on record and on load.
+        own_budget: a long recording (the doctor's validation set) kept out of ``record``
+            and ``record --chapter N``; ``record --experiment ID`` records it.
 
     The function takes the parameters as keywords and returns a JSON-able dict. The
     decorator returns it wrapped so that direct calls validate their arguments through
@@ -201,7 +205,7 @@ def experiment(
             points.insert(0, defaults)
         exp = Experiment(id=id, chapter=chapter, title=title, func=func, params=ps,
                          grid=tuple(points), data_schema=dict(data_schema) if data_schema else None,
-                         doc=(func.__doc__ or "").strip())
+                         doc=(func.__doc__ or "").strip(), own_budget=own_budget)
         for pt in points:
             exp.complete(pt)  # a grid point outside a parameter's range is a bug in the module
         _REGISTRY[id] = exp

@@ -30,8 +30,8 @@ from collections import deque
 from typing import Any, Callable, Iterable
 
 from ..core.units import format_bytes
-from .rules import (DEFAULT, LARGE_BUFFER, MIN_BLOCK_SIZE, SMALL_BUFFER, SMALL_SIZE, AllocatorConfig,
-                    allocation_size, round_size)
+from .rules import (DEFAULT, LARGE_BUFFER, SMALL_BUFFER, SMALL_SIZE, AllocatorConfig,
+                    allocation_size, round_size, should_split)
 
 H200_TOTAL_MEMORY = 150_109_880_320   # totalGlobalMem of the lab H200 (RULES.md §I)
 DEFAULT_POOL = (0, 0)
@@ -169,7 +169,6 @@ class Engine:
         self._large_page = config.large_segment_size
         # get_free_block counts its calls (the age of cached blocks) only for the GC (§A.9)
         self._gc_counting = cap_bytes is not None and config.garbage_collection_threshold > 0
-        self._split_limit = config.max_split_size if config.max_split_size is not None else 1 << 62
         self._split_limit_none = config.max_split_size is None
         # Called with the size of each new segment or range for its base; None lets the engine choose.
         self.address_hook: Callable[[int], int | None] | None = None
@@ -201,20 +200,16 @@ class Engine:
             fl = self._list(pool_id, small, stream)
         if self._gc_counting and pool_id == DEFAULT_POOL and not small:
             self._gc_calls += 1
-        block = self._peek(fl, size)
-        if block is not None:
-            # fl.remove(block), inlined: this is the hot path of every replay
+        i = self._peek_index(fl, size)
+        if i >= 0:
+            # fl.remove(block) by the index get_free_block found: the hot path of every replay
             keys = fl.keys
-            del keys[bisect_left(keys, (block.size, block.addr))]
-            del fl.blocks[block.addr]
+            block = fl.blocks.pop(keys[i][1])
+            del keys[i]
         else:
             block = self._alloc_path(nbytes, size, small, stream, pool_id, fl)
         remaining = block.size - size
-        if small or block.seg.expandable:
-            split = remaining >= MIN_BLOCK_SIZE
-        else:
-            split = remaining > SMALL_SIZE and size < self._split_limit
-        if split:
+        if should_split(block.size, size, "small" if small else "large", self.config, block.seg.expandable):
             addr = block.addr + size
             rest = Block(addr, remaining, block.seg, block, block.next)
             rest.requested = block.requested       # the remainder keeps the old block's bookkeeping
@@ -265,6 +260,7 @@ class Engine:
         self._merge_insert(self._free[(seg.pool_id, seg.small, seg.stream)], block)
 
     def _merge_insert(self, fl: _FreeList, block: Block) -> None:
+        """free_block / try_merge_blocks of CUDACachingAllocator.cpp (RULES.md §A.8)."""
         # Absorb free mapped neighbours of the same segment (blocks waiting on events are not
         # in the free list, so they stay apart), then cache the result (§A.8 try_merge_blocks).
         prev, nxt = block.prev, block.next
@@ -334,20 +330,27 @@ class Engine:
         fl.add(b)
 
     def _peek(self, fl: _FreeList, size: int) -> Block | None:
+        """get_free_block: the cached block that serves ``size`` (None if none)."""
+        i = self._peek_index(fl, size)
+        return None if i < 0 else fl.blocks[fl.keys[i][1]]
+
+    def _peek_index(self, fl: _FreeList, size: int) -> int:
+        """get_free_block, as the block's index in ``fl.keys`` (-1 if none): malloc removes it
+        by that index without searching again."""
         keys = fl.keys
         i = bisect_left(keys, (size, 0))
         if i == len(keys):
-            return None
+            return -1
         b = fl.blocks[keys[i][1]]
         if self._split_limit_none and not b.seg.expandable:
-            return b
+            return i
         if b.seg.expandable:
             if not self.config.expandable_segments:
                 # Expandable blocks are skipped when the setting is off (RULES.md §A.13).
                 while i < len(keys) and fl.blocks[keys[i][1]].seg.expandable:
                     i += 1
                 if i == len(keys):
-                    return None
+                    return -1
                 b = fl.blocks[keys[i][1]]
             else:
                 # Prefer a block whose "expandable size" is smaller, keeping the growing end free.
@@ -363,13 +366,16 @@ class Engine:
         limit = self.config.max_split_size
         if limit is not None:
             if size < limit and b.size >= limit:
-                return None
+                return -1
             if size >= limit and b.size >= size + self.config.max_non_split_rounding:
-                return None
-        return b
+                return -1
+        return i
 
     def _alloc_path(self, nbytes: int, size: int, small: bool, stream: int, pool_id: tuple[int, int],
                     fl: _FreeList) -> Block:
+        """malloc after get_free_block found nothing: garbage_collect_cached_blocks, alloc_block,
+        release_available_cached_blocks, release_cached_blocks, then out of memory (RULES.md §A.5,
+        §A.9, §A.10)."""
         cfg = self.config
         alloc = allocation_size(size, cfg)
         if self.cap_bytes is not None and cfg.garbage_collection_threshold > 0:
@@ -403,6 +409,7 @@ class Engine:
         return addr
 
     def _alloc_block(self, size: int, alloc: int, small: bool, stream: int, pool_id: tuple[int, int]) -> Block | None:
+        """alloc_block: a new segment (cudaMalloc) unless the cap forbids it (RULES.md §A.5, §A.11)."""
         if self.cap_bytes is not None and self.reserved_bytes + alloc > self.cap_bytes:
             return None
         if self.config.expandable_segments:
@@ -424,6 +431,7 @@ class Engine:
         self.events.append(("segment_free", seg.addr, seg.size))
 
     def _release_cached(self, pools: set[tuple[int, int]] | None) -> None:
+        """release_cached_blocks: every whole free segment (RULES.md §A.9)."""
         for (pid, small, stream), fl in sorted(self._free.items(), key=lambda kv: (kv[0][1], kv[0][0], kv[0][2])):
             if pools is not None and pid not in pools:
                 continue
@@ -437,6 +445,7 @@ class Engine:
                     self._release_segment(fl, b)
 
     def _release_available(self, fl: _FreeList, size: int) -> bool:
+        """release_available_cached_blocks (max_split_size_mb set; RULES.md §A.9)."""
         limit = self.config.max_split_size
         if limit is None:
             return False
@@ -459,6 +468,7 @@ class Engine:
         return released >= key
 
     def _garbage_collect(self) -> None:
+        """garbage_collect_cached_blocks (garbage_collection_threshold under a cap; RULES.md §A.9)."""
         cap = self.cap_bytes or 0
         threshold = int(self.config.garbage_collection_threshold * cap)
         if self.reserved_bytes <= threshold:

@@ -14,7 +14,6 @@ module imports neither torch, numpy nor matplotlib. Sizes are in bytes throughou
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, Mapping, Sequence
 
 from ..core.units import MiB
@@ -215,7 +214,11 @@ def round_size(nbytes: int, config: AllocatorConfig = DEFAULT) -> int:
     Up to 512 B becomes 512; otherwise the next multiple of 512, unless
     ``roundup_power2_divisions`` gives the request's power-of-two interval d > 1
     divisions and the request exceeds 512·d, in which case it rounds up to the next
-    1/d step of that interval. (RULES.md §A.2; PyTorch ``round_size``.)
+    1/d step of that interval.
+
+    Follows ``CUDACachingAllocator.cpp`` ``round_size`` (RULES.md §A.2); the divisions table
+    is parsed as torch 2.11 does (``parse_roundup_divisions``; the '>' entry changed in
+    2.6, §G).
 
     Raises:
         ValueError: ``nbytes`` < 1 (a zero-byte tensor never reaches the allocator).
@@ -238,16 +241,21 @@ def round_size(nbytes: int, config: AllocatorConfig = DEFAULT) -> int:
 
 
 def pool_of(rounded: int) -> str:
-    """'small' for rounded sizes up to and including 1 MiB, else 'large'."""
+    """'small' for rounded sizes up to and including 1 MiB, else 'large'.
+
+    Follows ``CUDACachingAllocator.cpp`` ``get_pool`` (``size <= kSmallSize``; RULES.md §A.3)."""
     return "small" if rounded <= SMALL_SIZE else "large"
 
 
-def allocation_size(rounded: int, config: AllocatorConfig = DEFAULT) -> int:
+def get_allocation_size(rounded: int, config: AllocatorConfig = DEFAULT) -> int:
     """Size of the segment a new ``cudaMalloc`` makes for a rounded request (bytes).
 
     2 MiB up to 1 MiB; 20 MiB (``large_segment_size``) below 10 MiB; else the request
     rounded up to 2 MiB. With expandable segments this size is only used for the
     memory-cap check; pages are mapped instead (:func:`page_size`).
+
+    Follows ``CUDACachingAllocator.cpp`` ``get_allocation_size`` (RULES.md §A.4); the
+    ``large_segment_size_mb`` option that replaces the 20 MiB arrived in torch 2.10 (§G).
     """
     if rounded <= SMALL_SIZE:
         return SMALL_BUFFER
@@ -256,26 +264,37 @@ def allocation_size(rounded: int, config: AllocatorConfig = DEFAULT) -> int:
     return -(-rounded // ROUND_LARGE) * ROUND_LARGE
 
 
+# the name chapter 1 has always used
+allocation_size = get_allocation_size
+
+
 def page_size(pool: str, config: AllocatorConfig = DEFAULT) -> int:
-    """Expandable-segment page of a pool: 2 MiB (small) or ``large_segment_size`` (large)."""
+    """Expandable-segment page of a pool: 2 MiB (small) or ``large_segment_size`` (large).
+
+    Follows ``CUDACachingAllocator.cpp`` ``ExpandableSegment`` (its ``segment_size_``, RULES.md §C.1)."""
     if pool not in ("small", "large"):
         raise ValueError(f"pool must be 'small' or 'large', got {pool!r}")
     return SMALL_BUFFER if pool == "small" else config.large_segment_size
 
 
-def should_split(block_size: int, rounded: int, pool: str, config: AllocatorConfig = DEFAULT) -> bool:
+def should_split(block_size: int, rounded: int, pool: str, config: AllocatorConfig = DEFAULT,
+                 expandable: bool | None = None) -> bool:
     """Whether a free block of ``block_size`` serving ``rounded`` bytes keeps its tail free.
 
     Small pool, or expandable segments: when the remainder is at least 512 B. Large pool
     otherwise: only when the remainder is more than 1 MiB and the request is below
-    ``max_split_size`` (RULES.md §A.7).
+    ``max_split_size``. ``expandable`` says whether expandable segments are in effect for
+    the block's pool (default: the setting); the engine passes its segment's kind.
+
+    Follows ``CUDACachingAllocator.cpp`` ``should_split`` (RULES.md §A.7); this is the one
+    split rule: :meth:`experiments.doctor.engine.Engine.malloc` calls it.
     """
     remaining = block_size - rounded
     if remaining < 0:
         raise ValueError(f"a {block_size}-byte block cannot serve {rounded} bytes")
-    if pool == "small" or config.expandable_segments:
+    if pool == "small" or (config.expandable_segments if expandable is None else expandable):
         return remaining >= MIN_BLOCK_SIZE
-    limit = config.max_split_size if config.max_split_size is not None else math.inf
-    return rounded < limit and remaining > SMALL_SIZE
+    limit = config.max_split_size
+    return (limit is None or rounded < limit) and remaining > SMALL_SIZE
 
 
