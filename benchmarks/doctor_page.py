@@ -9,8 +9,9 @@ Prints, for a built book (``make book`` writes _build/html):
 - the time from a drop to the first result on the book's recorded training snapshot (8,170
   events, as torch's pickle with frames, protocol 5): the first time, then with Pyodide in the
   browser's cache (median of ``--repeats``); targets 5 s cached on the 2-core machine;
-- the time per what-if on a large snapshot: ``--large PATH`` (a reader's pickle), by default a
-  450,000-event synthetic one (benchmarks/doctor_replay.py's trace, no frames); target 10 s.
+- the time per what-if on a large snapshot: ``--large PATH`` (a reader's pickle), by default the
+  lab's 450k-event eager loop where it is recorded, else a 450,000-event synthetic one
+  (benchmarks/doctor_replay.py's trace, no frames); target 12 s.
 
 Usage: python benchmarks/doctor_page.py [--site DIR] [--compare DIR] [--large PATH] [--repeats N]
 """
@@ -34,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.booktools import PAGES  # noqa: E402
-from tests.test_doctor_page import SNAPSHOTS, Tab, _no_frames_pickle, _set_what_ifs, torch_form  # noqa: E402
+from tests.test_doctor_page import SNAPSHOTS, Tab, _set_what_ifs, long_snapshot, torch_form  # noqa: E402
 
 
 def serve(root: Path) -> tuple[str, http.server.ThreadingHTTPServer]:
@@ -108,8 +109,7 @@ def speed(browser, site: Path, large: Path | None, repeats: int) -> None:
               f"Python ready after {statistics.median(m['python'] for _, m in cached) / 1000:.2f} s, from its memory "
               f"snapshot: {all(m['snapshot'] for _, m in cached)}); target 5 s")
         if large is None:
-            large = tmp / "synthetic_450k.pickle"
-            _no_frames_pickle(large, 450_000)
+            large = long_snapshot(tmp)
         tab = Tab(browser, origin)
         _set_what_ifs(tab.page, ["expandable_segments:True", "max_split_size_mb:128"], [], suggest=False)
         got = tab.drop(large, timeout_s=900, until="result")

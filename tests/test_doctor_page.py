@@ -588,17 +588,36 @@ def test_without_the_memory_snapshot_python_starts_the_plain_way_and_new_section
 
 def _no_frames_pickle(path: Path, events: int) -> None:
     """A _dump_snapshot-style pickle of ``events`` trace events (recorded with context=None),
-    from the synthetic trace of benchmarks/doctor_replay.py (an engine's own run)."""
+    from the synthetic trace of benchmarks/doctor_replay.py (the engine's own run)."""
     import importlib.util
+
+    from experiments.doctor.trace import ACTIONS
 
     spec = importlib.util.spec_from_file_location("doctor_replay_bench", ROOT / "benchmarks" / "doctor_replay.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     trace = bench.synthetic_trace(events, 300, seed=2)
-    snap = bench.torch_form(trace)
-    for e in snap["device_traces"][0]:
-        del e["frames"]
+    entries = [{"action": ACTIONS[c], "addr": a, "size": n, "stream": st, "time_us": 0} for c, a, n, st in trace.events]
+    segs = [{"device": 0, "address": s["address"], "total_size": s["total_size"], "stream": s["stream"],
+             "segment_type": s["pool"], "segment_pool_id": (0, 0), "is_expandable": False,
+             "blocks": [{"address": a, "size": n, "requested_size": r, "state": st} for a, n, r, st in s["blocks"]]}
+            for s in trace.segments]
+    snap = {"segments": segs, "device_traces": [entries],
+            "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": "", "max_split_size": -1}}
     path.write_bytes(pickle.dumps(snap, protocol=5))
+
+
+def long_snapshot(folder: Path) -> Path:
+    """The lab's real 450k-event trace (the eager training loop of alloc.doctor_cases, gzip'd
+    pickle) where it has been recorded, else a synthetic one of 450,000 events."""
+    from experiments.allocator.doctor_gpu import long_trace_path
+
+    real = Path(long_trace_path())
+    if real.exists():
+        return real
+    path = folder / "synthetic_450k.pickle"
+    _no_frames_pickle(path, 450_000)
+    return path
 
 
 WHAT_IF_LIMIT_S = 12.0   # per what-if on the 450k-event snapshot, chromium on the 2-core machine (about 4 s when it is not shared)
@@ -606,8 +625,7 @@ WHAT_IF_LIMIT_S = 12.0   # per what-if on the 450k-event snapshot, chromium on t
 
 @pytest.mark.slow
 def test_time_per_what_if_on_a_450k_event_snapshot(chromium, site, tmp_path):
-    path = tmp_path / "eager_450k.pickle"
-    _no_frames_pickle(path, 450_000)
+    path = long_snapshot(tmp_path)
     tab = Tab(chromium, site["origin"])
     try:
         _set_what_ifs(tab.page, ["expandable_segments:True", "max_split_size_mb:128"], [], suggest=False)
@@ -625,13 +643,14 @@ def test_time_per_what_if_on_a_450k_event_snapshot(chromium, site, tmp_path):
         assert not tab.page.locator(".memlab-doctor-error").is_visible(), tab.page.locator(".memlab-doctor-error").inner_text()
         assert {"reading the snapshot", "replaying the recorded run", "what-if 1 of 2: expandable_segments:True",
                 "what-if 2 of 2: max_split_size_mb:128"} <= stages, stages
-        assert slowest < 0.5, f"the page took {slowest:.2f} s to answer while the doctor ran"
         secs = json.loads(got["seconds"])
-        print(f"450k events ({path.stat().st_size / 1e6:.0f} MB): first result {got['firstResultSeconds']} s, "
+        print(f"{path.name} ({path.stat().st_size / 1e6:.0f} MB): first result {got['firstResultSeconds']} s, "
               f"replay {secs['replay']:.1f} s, what-ifs {', '.join(f'{t:.1f} s' for t in secs['what_if'])}")
         assert json.loads(tab.page.locator(".memlab-doctor-results").get_attribute("data-json"))["trace_events"] >= 450_000
         assert len(secs["what_if"]) == 2
-        _unless_overloaded(f"what-ifs {secs['what_if']} s")
+        assert not tab.outside and not tab.problems, tab.outside + tab.problems
+        _unless_overloaded(f"what-ifs {secs['what_if']} s, the page answered within {slowest:.2f} s")
+        assert slowest < 0.5, f"the page took {slowest:.2f} s to answer while the doctor ran"
         assert max(secs["what_if"]) <= WHAT_IF_LIMIT_S, secs
         assert not tab.outside and not tab.problems, tab.outside + tab.problems
     finally:

@@ -26,6 +26,7 @@ import gzip
 import hashlib
 import io
 import json
+import re
 import shutil
 import subprocess
 import zipfile
@@ -257,9 +258,25 @@ def _builder_inited(app):
     app.memlab_doctor_options = doctor_worker.options()
 
 
+# Other extensions' files that every page loads and this one does not use (it has no toggles,
+# no sphinx-design tabs, no notebook cells, no live code, no exercises): left out here, so the
+# page's first load stays under 1 MB with the theme's 975 kB.
+UNUSED_HERE = re.compile(r"(^|/)(togglebutton\.(js|css)|design-tabs\.js|sphinx-design\.min\.css|mystnb\.[0-9a-f]+\.css"
+                         r"|sphinx-thebe\.(js|css)|exercise\.css)$")
+
+
+def _asset_name(asset) -> str:
+    return str(getattr(asset, "filename", asset) or "").split("?")[0]
+
+
 def _page_context(app, pagename, templatename, context, doctree):
     if pagename != PAGE or not hasattr(app, "memlab_doctor_zip"):
         return
+    # In place: these lists are the builder's own, which it restores after this page.
+    for key in ("script_files", "css_files"):
+        files = context.get(key)
+        if isinstance(files, list):
+            files[:] = [a for a in files if not UNUSED_HERE.search(_asset_name(a))]
     config = {"pyodide": f"pyodide-{pyodide_version()}/", "zip": f"doctor/{app.memlab_doctor_zip[0]}",
               "snapshot": f"doctor/{app.memlab_doctor_snapshot.name}",
               "worker": "doctor-worker.mjs", "limitBytes": LIMIT_MB * 1000 * 1000, "pyodideVersion": pyodide_version(),
