@@ -7,8 +7,9 @@ Prints, for a built book (``make book`` writes _build/html):
 - every page's weight at its first load (all the files a load fetches, gzip'd), and with
   ``--compare OTHER_HTML`` the same for another build (the one before this page) and the change;
 - the time from a drop to the first result on the book's recorded training snapshot (8,170
-  events, as torch's pickle with frames, protocol 5): the first time, then with Pyodide in the
-  browser's cache (median of ``--repeats``); targets 5 s cached on the 2-core machine;
+  events, as torch's pickle with frames, protocol 5) with the page's own settings
+  (expandable_segments:True and --suggest's grid): the first time, then with Pyodide in the
+  browser's cache (median of ``--repeats``); target 5 s cached on the 2-core machine;
 - the time per what-if on a large snapshot: ``--large PATH`` (a reader's pickle), by default the
   lab's 450k-event eager loop where it is recorded, else a 450,000-event synthetic one
   (benchmarks/doctor_replay.py's trace, no frames); target 12 s.
@@ -103,7 +104,8 @@ def speed(browser, site: Path, large: Path | None, repeats: int) -> None:
             cached.append((float(got["firstResultSeconds"]), json.loads(got["pyodideMarks"])))
             tab.page.close()
         ctx.close()
-        print(f"training snapshot (8,170 events, {pick.stat().st_size / 1e6:.1f} MB pickle, one what-if): first result "
+        print(f"training snapshot (8,170 events, {pick.stat().st_size / 1e6:.1f} MB pickle, the page's settings: one "
+              f"what-if and the suggestion's grid): load average {os.getloadavg()[0]:.1f}; first result "
               f"{first['firstResultSeconds']} s the first time; with Pyodide cached median "
               f"{statistics.median(t for t, _ in cached):.2f} s (runs: {', '.join(f'{t:.2f}' for t, _ in cached)} s; "
               f"Python ready after {statistics.median(m['python'] for _, m in cached) / 1000:.2f} s, from its memory "
