@@ -46,7 +46,7 @@ from experiments.doctor.trace import Trace, read  # noqa: E402
 WHAT_IFS = ("expandable_segments:True", "max_split_size_mb:64", "roundup_power2_divisions:4")
 # Where the lab GPU's recording is written (experiments/allocator/doctor_gpu.py long_trace_path;
 # not imported from there: that module registers an experiment and imports the registry).
-LONG_TRACE = ROOT / "experiments" / "recorded" / "alloc.doctor_cases" / "nvidia-h200.eager_long.pickle.gz"
+LONG_TRACE = ROOT / "benchmarks" / "data" / "nvidia-h200.eager_long.pickle.gz"
 FALLBACK = Path("/work/main/.devtmp/call1/pickles/eager_long.pickle.gz")   # the lab's first recording
 
 _HWM = """
@@ -105,9 +105,10 @@ def real_trace(path: Path, repeat: int) -> None:
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     wall, cpu, _ = whole_process(["doctor", "--help"], repeat)
     print(f"start-up, `doctor --help` whole process: {wall:.2f} s wall, {cpu:.2f} s CPU "
-          f"(target <= 0.3 s: {verdict(wall <= 0.3)})")
+          f"(target <= 0.3 s: {verdict(wall <= 0.3)}; on CPU time {verdict(cpu <= 0.3)})")
     wall, cpu, hwm = whole_process(["doctor", str(path), "--json"], repeat)
-    print(f"`doctor --json` end to end: {wall:.2f} s wall, {cpu:.2f} s CPU (target <= 2.0 s: {verdict(wall <= 2.0)}); "
+    print(f"`doctor --json` end to end: {wall:.2f} s wall, {cpu:.2f} s CPU (target <= 2.0 s: {verdict(wall <= 2.0)}; "
+          f"on CPU time {verdict(cpu <= 2.0)}); "
           f"peak memory {hwm:.0f} MiB = {hwm * 2**20 / size:.1f}x the pickle (target <= 3x: "
           f"{verdict(hwm * 2**20 <= 3 * size)})")
     wall3, cpu3, hwm3 = whole_process(["doctor", str(path), "--json", *sum((["--what-if", w] for w in WHAT_IFS), [])],
@@ -129,6 +130,9 @@ def real_trace(path: Path, repeat: int) -> None:
     _, w_sug, c_sug = timed(lambda: suggest(run, trace.settings, cap_bytes=trace.cap_bytes, total_memory=total), 1)
     print(f"--suggest: {w_sug:.1f} s wall ({c_sug:.1f} s CPU in this process; the grid runs in forked workers) "
           f"(target <= 10 s: {verdict(w_sug <= 10)})")
+    if os.getloadavg()[0] > (os.cpu_count() or 1):
+        print("note: the machine was busier than its cores (load average above): wall times are inflated; "
+              "the CPU-time verdicts are the fairer ones")
 
 
 # ----------------------------------------------------------------------------- synthetic traces

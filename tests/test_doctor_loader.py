@@ -130,3 +130,18 @@ def test_a_truncated_pickle_is_one_clear_error():
     for cut in (1, 10, len(blob) // 2, len(blob) - 1):
         with pytest.raises(SnapshotError, match="truncated|ends before|complete|byte"):
             load(blob[:cut])
+
+
+@pytest.mark.parametrize("field,value", [("size", -512), ("addr", 1 << 63), ("stream", -1)])
+def test_a_bad_value_deep_in_a_long_trace_names_its_entry(field, value):
+    """Deep in a long trace the entries are read on the fast path: its range check names the
+    same entry and field as the opcode-by-opcode path does."""
+    snap = torch_like(RUNS[("training", "")]["snapshot"], frames=False)
+    entries = snap["device_traces"][0]
+    k = next(i for i in range(5000, len(entries)) if entries[i]["action"] == "alloc")
+    entries[k][field] = value
+    r = Reader(pickle.dumps(snap, protocol=4), budget_bytes=1 << 30)
+    with pytest.raises(Exception) as info:
+        r.load()
+    assert f"trace entry {k} (alloc): '{field}'" in str(info.value), str(info.value)
+    assert r.fast_rows > 1000

@@ -422,8 +422,10 @@ def own_snapshot(workload: str = "training", *, mode: str | None = None) -> dict
 
 def long_trace_path(gpu: str = "nvidia-h200") -> Any:
     """Where the long eager training loop's raw snapshot (``doctor_cases`` case 'eager_long',
-    default settings; gzip'd ``_snapshot()`` pickle, ~450,000 events) is kept beside the
-    recordings of ``alloc.doctor_cases``: the input of ``benchmarks/doctor_replay.py``."""
-    from ..core.store import recorded_dir
+    default settings; the gzip'd ``_snapshot()`` pickle, ~450,000 events) is kept when the lab
+    records ``alloc.doctor_cases`` from a checkout: ``benchmarks/data/<gpu>.eager_long.pickle.gz``,
+    the input of ``benchmarks/doctor_replay.py`` (not in ``experiments/recorded/``, which holds
+    the recorded JSON files only, nor in the wheel)."""
+    from pathlib import Path
 
-    return recorded_dir() / "alloc.doctor_cases" / f"{gpu}.eager_long.pickle.gz"
+    return Path(__file__).resolve().parents[2] / "benchmarks" / "data" / f"{gpu}.eager_long.pickle.gz"

@@ -9,12 +9,15 @@ browser. Chapter 1 imports it; it imports no chapter. Its modules, in the order 
   the rules file they cite ships beside them (``RULES.md``);
 * :mod:`.engine` — the allocator of one device built on those rules (streams, private pools,
   a cap and the out-of-memory path, expandable segments);
-* :mod:`.loader` and :mod:`.unpickle` — the one restricted, bounded loader of snapshots
-  (``_dump_snapshot`` pickles of protocols 0-5, gzip'd or not, JSON, the compact form):
-  no code runs, and every limit is checked before the memory is spent;
+* :mod:`.loader`, :mod:`.unpickle` and :mod:`.entries` — the one restricted, bounded loader
+  of snapshots (``_dump_snapshot`` pickles of protocols 0-5, gzip'd or not, JSON, the compact
+  form): no code runs, every limit is checked before the memory is spent, and a trace becomes
+  columns (:mod:`.rows`);
 * :mod:`.trace` — a loaded snapshot checked and normalised into a trace of columns;
-* :mod:`.replay` — the exact replay, checked event by event against the trace;
+* :mod:`.replay` — the exact replay, checked event by event against the trace, which keeps
+  the requests it recovered (:mod:`.requestlog`);
 * :mod:`.whatif` — the same requests under other settings or a cap;
+* :mod:`.suggest` — ``--suggest``: a grid of settings, ranked; :mod:`.oom` — the OOM explanation;
 * :mod:`.report` — :func:`doctor` and its :class:`Report`; :mod:`.figure` draws it;
 * :mod:`.cli` — ``python -m experiments doctor``.
 """

@@ -14,30 +14,20 @@ from __future__ import annotations
 
 import re
 import struct
+import sys
 from array import array
+from bisect import bisect_right
 from operator import methodcaller
-from typing import Any, Iterator
+from typing import Any
+
+from .rows import ACTION_CODE, ACTIONS, ADDR_LIMIT, OOM_CODE, SIZE_LIMIT, UNKNOWN_CODE, _NEEDS, Rows
 
 _I4 = struct.Struct("<i").unpack_from
 _U4 = struct.Struct("<I").unpack_from
-# Trace actions and their codes (the order of experiments.doctor.trace.ACTIONS).
-ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
-           "segment_unmap", "snapshot", "oom")
-IGNORED = ("annotate", "user_defined")      # markers that do not touch memory: code IGNORED_CODE
-IGNORED_CODE = 10
-UNKNOWN_CODE = 9                            # any other action: the name is kept in Rows.unknown
-ACTION_CODE = {a: i for i, a in enumerate(ACTIONS)} | {a: IGNORED_CODE for a in IGNORED}
-OOM_CODE = ACTION_CODE["oom"]
-# Fields every memory action must carry (an 'oom' entry has device_free where the others have addr).
-_NEEDS = {c: ("addr", "size", "stream") for c in range(7)} | {OOM_CODE: ("device_free", "size", "stream")}
-ADDR_LIMIT = 1 << 62        # addresses and stream ids: below this (device pointers are < 2^57)
-SIZE_LIMIT = 1 << 46        # sizes: at most 64 TiB, more than any GPU has
-
 
 
 class PickleRefused(ValueError):
     """The pickle names code, is malformed, or exceeds a limit; the message says which."""
-
 
 
 class _Sentinel:
@@ -54,79 +44,61 @@ _MARK = _Sentinel("mark")
 _ROW_MEMO = _Sentinel("a trace entry")          # memo slot of an entry that became a row
 _FRAMES_MEMO = _Sentinel("a trace entry's frames")   # only in a layout: replaced by the stack
 
-class Rows:
-    """One device's trace, as columns: ``codes`` (array of action codes), ``addrs``,
-    ``sizes``, ``streams`` (arrays of int64; for 'oom' the address column holds device_free),
-    ``stacks`` (array of stack ids, -1 for none, into :attr:`stack_table`) and ``unknown``
-    ({row: action name} for actions the doctor does not know).
-
-    Reads like the list of dicts torch wrote (``len``, indexing, iteration build one dict
-    at a time), so code that expects ``device_traces[d]`` to be a list keeps working.
-    """
-
-    __slots__ = ("codes", "addrs", "sizes", "streams", "stacks", "unknown", "stack_table")
-
-    def __init__(self, stack_table: list[Any] | None = None) -> None:
-        self.codes = array("B")
-        self.addrs = array("q")
-        self.sizes = array("q")
-        self.streams = array("q")
-        self.stacks = array("l")
-        self.unknown: dict[int, str] = {}
-        self.stack_table = stack_table if stack_table is not None else []
-
-    def __len__(self) -> int:
-        return len(self.codes)
-
-    def action(self, i: int) -> str:
-        c = self.codes[i]
-        if c < len(ACTIONS):
-            return ACTIONS[c]
-        return self.unknown.get(i, "annotate")
-
-    def __getitem__(self, i: int) -> dict[str, Any]:
-        if isinstance(i, slice):
-            return [self[k] for k in range(*i.indices(len(self)))]  # type: ignore[return-value]
-        if i < 0:
-            i += len(self)
-        action = self.action(i)
-        out: dict[str, Any] = {"action": action, "device_free" if self.codes[i] == OOM_CODE else "addr": self.addrs[i],
-                               "size": self.sizes[i], "stream": self.streams[i]}
-        s = self.stacks[i]
-        out["frames"] = [dict(zip(("filename", "line", "name"), f)) for f in self.stack_table[s]] if s >= 0 else []
-        return out
-
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        return (self[i] for i in range(len(self)))
-
-    def frames(self, i: int) -> list[tuple[str, int, str]]:
-        """The stack of row ``i`` as (filename, line, name), innermost first ([] if none)."""
-        s = self.stacks[i]
-        return list(self.stack_table[s]) if s >= 0 else []
-
-
-
 # Rough bytes each kind of object costs (CPython 3.11, 64-bit), charged before it is built.
 _COST_OBJ, _COST_CONTAINER, _COST_ITEM = 32, 64, 16
-_INT_RE = rb"(?:K.|M..|J....|\x8a\x00|\x8a\x01.|\x8a\x02..|\x8a\x03...|\x8a\x04....|\x8a\x05.{5}|\x8a\x06.{6}|\x8a\x07.{7}|\x8a\x08.{8})"
+_INT_FORMS = [rb"K.", rb"M..", rb"J....", rb"\x8a\x00"] + [rb"\x8a" + bytes([rb"\x"[0]]) + f"x{n:02x}".encode()
+                                                      + b".{%d}" % n for n in range(1, 9)]
+_INT_RE = b"(?:" + b"|".join(_INT_FORMS) + b")"
+
+
+def _int_re(v: int) -> bytes:
+    """An integer opcode of any width, the one that writes ``v`` tried first (the regex engine
+    tries alternatives in order: a trace's field keeps its width from entry to entry)."""
+    if 0 <= v < 256:
+        first = 0
+    elif 0 <= v < 65536:
+        first = 1
+    elif -(1 << 31) <= v < (1 << 31):
+        first = 2
+    else:
+        first = 3 + (v.bit_length() + 8) // 8   # LONG1 of that many bytes (sign bit included)
+        first = min(first, len(_INT_FORMS) - 1)
+    forms = [_INT_FORMS[first]] + [f for i, f in enumerate(_INT_FORMS) if i != first]
+    return b"(?:" + b"|".join(forms) + b")"
 _GET_RE = rb"(?:h.|j....)"
 
 
-class _IntCache(dict):
-    """Raw integer opcode bytes -> int (traces repeat sizes, streams and addresses)."""
+def _int_of(raw: bytes) -> int:
+    """The value of an integer opcode (K, M, J or LONG1 with its argument)."""
+    op = raw[0]
+    if op == 0x4B:
+        return raw[1]
+    if op == 0x4D:
+        return raw[1] | raw[2] << 8
+    if op == 0x4A:
+        return _I4(raw, 1)[0]
+    return int.from_bytes(raw[2:], "little", signed=True)
 
-    def __missing__(self, raw: bytes) -> int:
-        op = raw[0]
-        if op == 0x4B:
-            v = raw[1]
-        elif op == 0x4D:
-            v = raw[1] | raw[2] << 8
-        elif op == 0x4A:
-            v = _I4(raw, 1)[0]
-        else:
-            v = int.from_bytes(raw[2:], "little", signed=True)
-        self[raw] = v
-        return v
+
+class _OutOfRange(Exception):
+    """A value of a trace column outside its range (the caller names the entry)."""
+
+
+class _Column(dict):
+    """Raw integer opcode bytes -> the value as 8 little-endian bytes, for one column (traces
+    repeat sizes, streams and addresses): a batch becomes ``array.frombytes`` of their join,
+    with no int objects and no per-item conversion; a value's range is checked once."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+
+    def __missing__(self, raw: bytes) -> bytes:
+        v = _int_of(raw)
+        if not 0 <= v < self.limit:
+            raise _OutOfRange(v)
+        b = self[raw] = v.to_bytes(8, sys.byteorder)     # as array("q") holds it
+        return b
 
 
 class _Shape:
@@ -158,7 +130,17 @@ class EntryReader:
         self.key_idx: dict[str, int] = {}
         self._acts = _Acts(self)
         self._stacks = _Stacks(self)
-        self.ints = _IntCache()
+        # The memo slots of entries read on the fast path are not stored one by one (8 bytes
+        # each): each batch is a run of slots that repeat a pattern, kept as (virtual start,
+        # length, pattern, stack ids). A memo index is virtual: real slots and runs interleaved.
+        self.run_vstart: list[int] = []
+        self.run_real: list[int] = []          # len(memo) when the run was added
+        self.run_end: list[int] = []           # virtual slots in runs up to and including this one
+        self.run_pattern: list[list[Any]] = []
+        self.run_sids: list[Any] = []
+        self.run_fslot: list[int] = []
+        self.vcount = 0
+        self.columns = {"addr": _Column(ADDR_LIMIT), "size": _Column(SIZE_LIMIT), "stream": _Column(ADDR_LIMIT)}
         self.stack_ids: dict[Any, int] = {}
         self.stack_table: list[Any] = []
 
@@ -168,8 +150,45 @@ class EntryReader:
     def _fail(self, pos: int, what: str) -> PickleRefused:
         return PickleRefused(f"byte {pos}: {what}")
 
+    def _real(self, idx: int) -> int | None:
+        """The real memo slot of virtual index ``idx``; None when it is in a fast-path run."""
+        vstart = self.run_vstart
+        if not vstart or idx < vstart[0]:
+            return idx
+        i = bisect_right(vstart, idx) - 1
+        if idx - vstart[i] < self.run_end[i] - (self.run_end[i - 1] if i else 0):
+            return None
+        return idx - self.run_end[i]
+
     def _get(self, idx: int, pos: int) -> Any:
-        raise NotImplementedError
+        """The object memo index ``idx`` (virtual) refers to."""
+        real = self._real(idx)
+        if real is None:
+            i = bisect_right(self.run_vstart, idx) - 1
+            e, s = divmod(idx - self.run_vstart[i], len(self.run_pattern[i]))
+            if s == self.run_fslot[i]:
+                sid = self.run_sids[i][e]
+                return self.stack_table[sid] if sid >= 0 else ()
+            obj = self.run_pattern[i][s]
+        elif real < 0:
+            raise self._fail(pos, f"memo reference {idx} to an object not read yet")
+        else:
+            try:
+                obj = self.memo[real]
+            except IndexError:
+                raise self._fail(pos, f"memo reference {idx} to an object not read yet") from None
+        if obj is _ROW_MEMO:
+            raise self._fail(pos, "a second reference to a trace entry (torch writes each once)")
+        return obj
+
+    def _vlen(self) -> int:
+        """The memo's length in virtual indices (the index the next MEMOIZE gets)."""
+        return len(self.memo) + self.vcount
+
+    def _virtual(self, real: int) -> int:
+        """The virtual memo index of real slot ``real``."""
+        j = bisect_right(self.run_real, real)
+        return real + (self.run_end[j - 1] if j else 0)
 
     def _row_of(self, d: dict[str, Any], pos: int) -> Any:
         """A completed dict with an 'action' key: a row tuple (its memo slot freed), and learn
@@ -296,7 +315,7 @@ class EntryReader:
         rows.addrs.append(values[0])
         rows.sizes.append(values[1])
         rows.streams.append(values[2])
-        rows.stacks.append(r.sid)
+        rows.add_stacks((r.sid,))
         if code == UNKNOWN_CODE:
             rows.unknown[i] = action[:100]
 
@@ -325,18 +344,18 @@ class EntryReader:
                     idx = next((i for i in range(didx + 1, len(memo)) if memo[i] is k), None)
                 if idx is None:
                     return
-                self.key_idx[k] = idx
+                idx = self.key_idx[k] = self._virtual(idx)
             parts.append(re.escape((b"h" + bytes([idx])) if idx < 256 else (b"j" + struct.pack("<I", idx))))
             if k == "action":
                 parts.append(b"(" + _GET_RE + b")")
                 ng += 1
                 groups["action"] = ng
             elif type(v) is int and k in ("addr", "size", "stream", "device_free"):
-                parts.append(b"(" + _INT_RE + b")")
+                parts.append(b"(" + _int_re(v) + b")")
                 ng += 1
                 groups[k] = ng
             elif type(v) is int:
-                parts.append(_INT_RE)
+                parts.append(_int_re(v))
             elif type(v) is str:
                 # as written: a reference to a string read before, or a new string of this
                 # entry, memoized (each entry then has its own: 'N/A' for compile_context)
@@ -439,68 +458,72 @@ class EntryReader:
         k = len(shape.memo_slots)
         if shape.put_groups:
             # protocols 2 and 3 name each memo index: they must be the next ones, in order
-            m0 = len(memo)
+            m0 = self._vlen()
             for j, m in enumerate(ms):
                 for t, gi in enumerate(shape.put_groups):
                     raw = m.group(gi)
                     got = raw[1] if raw[0] == 0x71 else _U4(raw, 1)[0]
                     if got != m0 + j * k + t:
                         raise self._fail(m.start(), "memo indices out of order in a trace entry")
-        self._charge(8 * k * n)
         cols = list(zip(*map(_GROUPS, ms)))
-        slots = shape.memo_slots * n
+        sids = None
         if shape.has_frames:
-            # a frames list may be referenced again (torch shares some): its slot holds the stack
-            sids = list(map(self._stacks.__getitem__, cols[g["frames"] - 1]))
-            table = self.stack_table
-            slots[shape.frames_slot::k] = [table[s] if s >= 0 else () for s in sids]
-        memo.extend(slots)
+            # a frames list may be referenced again (torch shares some): its slot gives the stack
+            sids = array("i", map(self._stacks.__getitem__, cols[g["frames"] - 1]))
+            self._charge(4 * n)
+        self.run_vstart.append(self._vlen())
+        self.run_real.append(len(memo))
+        self.vcount += k * n
+        self.run_end.append(self.vcount)
+        self.run_pattern.append(shape.memo_slots)
+        self.run_sids.append(sids)
+        self.run_fslot.append(shape.frames_slot)
         acts = cols[g["action"] - 1]
-        codes = list(map(self._acts.__getitem__, acts))
-        rows.codes.extend(codes)
+        codes = b"".join(map(self._acts.__getitem__, acts))        # one byte a row
+        rows.codes.frombytes(codes)
         if UNKNOWN_CODE in codes:
             for j, c in enumerate(codes):
                 if c == UNKNOWN_CODE:
                     rows.unknown[base + j] = str(self._get(_get_index(acts[j]), -1))[:100]
-        ints = self.ints.__getitem__
         for name, col in (("addr", rows.addrs), ("size", rows.sizes), ("stream", rows.streams)):
             gi = g.get(name) or (g.get("device_free") if name == "addr" else None)
             if gi is None:
                 for j, c in enumerate(codes):
                     if name in _NEEDS.get(c, ()) or (name == "addr" and "device_free" in _NEEDS.get(c, ())):
                         raise PickleRefused(f"trace entry {base + j} ({ACTIONS[c]}): '{name}' is missing")
-                col.extend([0] * n)
+                col.extend(array("q", [0]) * n)
                 continue
-            vals = list(map(ints, cols[gi - 1]))
-            limit = SIZE_LIMIT if name == "size" else ADDR_LIMIT
-            if vals and (min(vals) < 0 or max(vals) >= limit):
-                j = next(j for j, v in enumerate(vals) if not 0 <= v < limit)
+            column = self.columns[name]
+            try:
+                col.frombytes(b"".join(map(column.__getitem__, cols[gi - 1])))
+            except _OutOfRange:
+                raws = cols[gi - 1]
+                j = next(j for j, raw in enumerate(raws) if not 0 <= _int_of(raw) < column.limit)
                 what = "a whole number of bytes" if name == "size" else "a whole number"
                 fname = "device_free" if name == "addr" and codes[j] == OOM_CODE else name
                 raise PickleRefused(f"trace entry {base + j} ({self._action_name(codes[j], acts[j])}): '{fname}' "
-                                    f"must be {what} in [0, {limit:#x}), got {vals[j]}")
-            col.extend(vals)
+                                    f"must be {what} in [0, {column.limit:#x}), got {_int_of(raws[j])}") from None
         if shape.has_frames:
-            rows.stacks.extend(sids)
-        else:
-            rows.stacks.extend([-1] * n)
+            rows.add_stacks(sids)
+        elif rows.stacks is not None:
+            rows.stacks.extend(array("i", [-1]) * n)
 
     def _action_name(self, code: int, raw: bytes) -> str:
         return ACTIONS[code] if code < len(ACTIONS) else str(self._get(_get_index(raw), -1))[:40]
 
 
 class _Acts(dict):
-    """Memo-reference opcode bytes of an action string -> its code."""
+    """Memo-reference opcode bytes of an action string -> its code, as one byte."""
 
     def __init__(self, reader: "EntryReader") -> None:
         super().__init__()
         self.reader = reader
 
-    def __missing__(self, raw: bytes) -> int:
+    def __missing__(self, raw: bytes) -> bytes:
         v = self.reader._get(_get_index(raw), -1)
         if type(v) is not str:
             raise PickleRefused(f"a trace entry whose action is not a string ({_short(v)})")
-        code = self[raw] = ACTION_CODE.get(v, UNKNOWN_CODE)
+        code = self[raw] = bytes([ACTION_CODE.get(v, UNKNOWN_CODE)])
         return code
 
 

@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ..core.units import format_bytes
-from .entries import ACTION_CODE, ADDR_LIMIT, OOM_CODE, SIZE_LIMIT, UNKNOWN_CODE, PickleRefused, Rows
+from .entries import PickleRefused
+from .rows import ACTION_CODE, ADDR_LIMIT, OOM_CODE, SIZE_LIMIT, UNKNOWN_CODE, Rows
 from .unpickle import Reader
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -81,7 +82,7 @@ def _name_of(source: Any) -> str:
     return str(source) if isinstance(source, (str, Path)) else "the snapshot"
 
 
-def read_bytes(path: str | Path, limits: Limits = DEFAULT_LIMITS) -> bytes:
+def read_bytes(path: str | Path, limits: Limits = DEFAULT_LIMITS) -> bytes | bytearray:
     """The file's bytes, gunzipped if it is gzip'd, within ``limits``.
 
     Raises:
@@ -104,18 +105,20 @@ def read_bytes(path: str | Path, limits: Limits = DEFAULT_LIMITS) -> bytes:
     return raw
 
 
-def gunzip(raw: bytes, max_bytes: int, name: str = "the input") -> bytes:
+def gunzip(raw: bytes, max_bytes: int, name: str = "the input") -> bytearray:
     """Decompress gzip ``raw`` (all members), refusing output above ``max_bytes`` (checked as
-    it grows, so a zlib bomb costs at most about ``max_bytes``).
+    it grows, so a zlib bomb costs at most about ``max_bytes``). The output is one bytearray,
+    sized from the gzip trailer when that is plausible: no second copy of it is ever made.
 
     Raises:
-        InputError: damaged data, or more than ``max_bytes`` once decompressed.
+        SnapshotError: damaged or truncated data, or more than ``max_bytes`` once decompressed.
     """
     # the gzip trailer says the last member's size (mod 2**32): a naive bomb stops here at once
-    if len(raw) >= 18 and int.from_bytes(raw[-4:], "little") > max_bytes:
-        raise SnapshotError(f"{name} says it decompresses to {format_bytes(int.from_bytes(raw[-4:], 'little'))}, over "
-                            f"the limit of {format_bytes(max_bytes)}; if it is a real snapshot, raise it (--max-bytes)")
-    out = bytearray()          # grows in place: no second copy of the output at the end
+    isize = int.from_bytes(raw[-4:], "little") if len(raw) >= 18 else 0
+    if isize > max_bytes:
+        raise SnapshotError(f"{name} says it decompresses to {format_bytes(isize)}, over the limit of "
+                            f"{format_bytes(max_bytes)}; if it is a real snapshot, raise it (--max-bytes)")
+    out = bytearray(min(isize, 256 * len(raw)))   # a lying trailer costs little
     total = 0
     data = raw
     try:
@@ -125,11 +128,16 @@ def gunzip(raw: bytes, max_bytes: int, name: str = "the input") -> bytes:
             while not d.eof:
                 chunk = d.decompress(tail, min(1 << 20, max_bytes - total + 1))
                 tail = d.unconsumed_tail
-                total += len(chunk)
-                if total > max_bytes:
+                n = len(chunk)
+                if total + n > max_bytes:
                     raise SnapshotError(f"{name} decompresses to more than {format_bytes(max_bytes)}; if it is a "
                                         "real snapshot, raise the limit (--max-bytes)")
-                out += chunk
+                if total + n <= len(out):
+                    out[total:total + n] = chunk
+                else:
+                    del out[total:]
+                    out += chunk
+                total += n
                 if not chunk and not tail:
                     break
             if not d.eof:
@@ -139,7 +147,8 @@ def gunzip(raw: bytes, max_bytes: int, name: str = "the input") -> bytes:
                 break
     except zlib.error as e:
         raise SnapshotError(f"{name} is not a valid gzip file ({e})") from None
-    return bytes(out)   # the reader keys caches on slices of it: they must be bytes
+    del out[total:]
+    return out
 
 
 def load(source: str | Path | bytes | Mapping[str, Any], limits: Limits = DEFAULT_LIMITS, *,
@@ -282,7 +291,7 @@ def rows_from_dicts(entries: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> 
             if sid is None:
                 sid = stacks[key] = len(rows.stack_table)
                 rows.stack_table.append(key)
-        rows.stacks.append(sid)
+        rows.add_stacks((sid,))
     return rows
 
 
@@ -369,7 +378,8 @@ def _add_lines(rows: Rows, lines: list[bytes], first: int, limits: Limits) -> in
     rows.addrs.extend(cols[0])
     rows.sizes.extend(cols[1])
     rows.streams.extend(cols[2])
-    rows.stacks.extend(array("l", [-1]) * len(lines))
+    if rows.stacks is not None:
+        rows.stacks.extend(array("i", [-1]) * len(lines))
     for j, c in enumerate(codes):
         if c == UNKNOWN_CODE:
             rows.unknown[first + j] = acts[j][:100].decode("latin-1")

@@ -34,74 +34,15 @@ from typing import Any, Sequence
 
 from .engine import DEFAULT_POOL, Engine, EngineOutOfMemory
 from .loader import ImpossibleTraceError
+from .requestlog import R_ALLOC, R_EMPTY, R_FREE_DONE, R_FREE_REQ, R_RETRY, Requests  # noqa: F401  (whatif's names)
 from .rules import SMALL_SIZE
 from .trace import (ALLOC, FREE_DONE, FREE_REQ, OOM, SEG_ALLOC, SEG_FREE, SEG_MAP, SEG_UNMAP, SNAPSHOT, Trace,
                     starting_state)
 
-# request kinds
-R_ALLOC, R_FREE_REQ, R_FREE_DONE, R_EMPTY, R_RETRY = range(5)
 _SEG_NAMES = {SEG_ALLOC: "segment_alloc", SEG_FREE: "segment_free", SEG_MAP: "segment_map",
               SEG_UNMAP: "segment_unmap"}
 _CODES = {v: k for k, v in _SEG_NAMES.items()}
 _SEG_EVENTS = re.compile(bytes([ord("["), SEG_ALLOC, SEG_FREE, ord("]")]))
-
-
-class Requests:
-    """The requests a replay recovered, for what-ifs to run again: one int64 each,
-    ``kind | pool << 3 | index << 16`` (8 bytes a request). ``index`` is, for R_ALLOC, the
-    trace event of the allocation (also its key: the event gives size and stream); for
-    R_FREE_REQ / R_FREE_DONE, the key of the block (an allocation's event, or ``len(events)
-    + j`` for the j-th block that existed before the recording); for R_EMPTY, an index into
-    ``empties`` (the pools each inferred empty_cache released); for R_RETRY, the trace's
-    'oom' event. ``pools`` lists the pool ids. Iterating yields tuples: (R_ALLOC, key, size,
-    stream, pool), (R_FREE_REQ, key), (R_FREE_DONE, key), (R_EMPTY, pools), (R_RETRY, size,
-    stream, pool).
-    """
-
-    __slots__ = ("data", "events", "pools", "_pool_index", "empties")
-
-    def __init__(self, events: Any = None) -> None:
-        self.data = array("q")
-        self.events = events
-        self.pools: list[tuple[int, int]] = [DEFAULT_POOL]
-        self._pool_index = {DEFAULT_POOL: 0}
-        self.empties: list[tuple] = []
-
-    def pool_index(self, pool: tuple[int, int]) -> int:
-        i = self._pool_index.get(pool)
-        if i is None:
-            if len(self.pools) >= 8192:
-                raise ImpossibleTraceError("the trace uses more than 8,192 private pools")
-            i = self._pool_index[pool] = len(self.pools)
-            self.pools.append(pool)
-        return i
-
-    def add(self, kind: int, index: int, pool: tuple[int, int] = DEFAULT_POOL) -> None:
-        self.data.append(kind | self.pool_index(pool) << 3 | index << 16)
-
-    def add_empty(self, pools: tuple) -> None:
-        self.empties.append(pools)
-        self.data.append(R_EMPTY | (len(self.empties) - 1) << 16)
-
-    def __len__(self) -> int:
-        return len(self.data)
-
-    def _tuple(self, x: int) -> tuple:
-        kind, i = x & 7, x >> 16
-        ev = self.events
-        if kind == R_ALLOC:
-            return (kind, i, ev.sizes[i], ev.streams[i], self.pools[(x >> 3) & 8191])
-        if kind == R_EMPTY:
-            return (kind, self.empties[i])
-        if kind == R_RETRY:
-            return (kind, ev.sizes[i], ev.streams[i], self.pools[(x >> 3) & 8191])
-        return (kind, i)
-
-    def __iter__(self) -> Any:
-        return map(self._tuple, self.data)
-
-    def __getitem__(self, k: int) -> tuple:
-        return self._tuple(self.data[k])
 
 
 @dataclasses.dataclass
@@ -187,6 +128,7 @@ class _Replayer:
         self.next_key = len(trace.events)        # keys of blocks from before the recording
         self.requests = Requests(trace.events)
         self.series = True
+        self.only_default = True     # no private pool seen yet: every request is the default pool's
         self.trace_reserved = 0
         self.private_context: tuple[int, int] | None = None
         self.inferred = 0
@@ -209,6 +151,8 @@ class _Replayer:
         insort(self.bases, base)
         self.seg_end[base] = base + size
         self.seg_pool[base] = pool
+        if pool != DEFAULT_POOL:
+            self.only_default = False
 
     def _drop_base(self, base: int) -> None:
         self.bases.remove(base)
@@ -262,6 +206,7 @@ class _Replayer:
         i = 0
         try:
             run.initial = self._seed()
+            only_default = self.only_default
             stop = n if self.stop_at is None else min(n, self.stop_at)
             for i, code, addr, size, stream in zip(range(stop), ev.codes, ev.addrs, ev.sizes, ev.streams):
                 if code == FREE_REQ:
@@ -299,10 +244,14 @@ class _Replayer:
                 elif code == ALLOC:
                     if buf:
                         self._alloc(i, buf, survives)
+                        only_default = self.only_default
                     else:
                         # fast path: no segment event, so the block is in a segment the trace knows
-                        k = bisect_right(bases, addr) - 1
-                        pool = seg_pool[bases[k]] if k >= 0 and addr < seg_end[bases[k]] else DEFAULT_POOL
+                        if only_default:
+                            pool = DEFAULT_POOL
+                        else:
+                            k = bisect_right(bases, addr) - 1
+                            pool = seg_pool[bases[k]] if k >= 0 and addr < seg_end[bases[k]] else DEFAULT_POOL
                         if eng.address_hook is not None:
                             eng.address_hook = None
                         try:
@@ -316,11 +265,14 @@ class _Replayer:
                             raise _Mismatch(i, "alloc", "the block is not where the GPU put it", addr, blk.addr)
                         live[addr] = blk
                         keys[addr] = i
-                        pidx = pidx_get(pool)
-                        if pidx is None:
-                            pidx = reqs.pool_index(pool)
-                        put_req(R_ALLOC | pidx << 3 | i << 16)
-                        self.private_context = pool if pool != DEFAULT_POOL else None
+                        if only_default:
+                            put_req(R_ALLOC | i << 16)          # pool index 0: the default pool
+                        else:
+                            pidx = pidx_get(pool)
+                            if pidx is None:
+                                pidx = reqs.pool_index(pool)
+                            put_req(R_ALLOC | pidx << 3 | i << 16)
+                            self.private_context = pool if pool != DEFAULT_POOL else None
                 elif code <= SEG_UNMAP:
                     buf.append(i)
                     self.trace_reserved += size if code == SEG_ALLOC or code == SEG_MAP else -size

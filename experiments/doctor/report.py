@@ -22,7 +22,7 @@ from typing import Any, Mapping, Sequence
 from ..core.tables import Table
 from ..core.units import format_bytes
 from .engine import H200_TOTAL_MEMORY
-from .entries import SIZE_LIMIT
+from .rows import SIZE_LIMIT
 from .loader import DEFAULT_LIMITS, InputError, Limits
 from .oom import explain, first_oom, infer_cap, your_frame
 from .replay import Run, replay

@@ -29,7 +29,7 @@ from typing import Any, Iterator, Mapping, Sequence
 from .engine import DEFAULT_POOL, Block, Engine, Segment
 from .loader import DEFAULT_LIMITS, ImpossibleTraceError, InputError, Limits, SnapshotError, load, trace_rows
 from .rules import (LARGE_BUFFER, SMALL_BUFFER, SMALL_SIZE, MiB, ROUNDUP_INTERVALS, AllocatorConfig, round_size)
-from .entries import ADDR_LIMIT, IGNORED_CODE, SIZE_LIMIT, Rows
+from .rows import ADDR_LIMIT, IGNORED_CODE, SIZE_LIMIT, Rows
 
 # Event codes: small ints keep the replay loop fast (the codes of experiments.doctor.unpickle).
 ALLOC, FREE_REQ, FREE_DONE, SEG_ALLOC, SEG_FREE, SEG_MAP, SEG_UNMAP, SNAPSHOT, OOM, UNKNOWN = range(10)
@@ -323,7 +323,7 @@ def read(source: str | Path | bytes | Mapping[str, Any], device: int = 0, limits
         if v is not None and (type(v) is not int or not 0 <= v < SIZE_LIMIT):
             raise SnapshotError(f"'{name}' must be a whole number of bytes in [0, {SIZE_LIMIT:#x}), got {str(v)[:40]!r}")
     return Trace(events, segments, text, config, total or None, cap or None, skipped, unknown,
-                 stacks if rows.stack_table else None, rows.stack_table, block_stacks)
+                 stacks, rows.stack_table, block_stacks)
 
 
 def _events_of(rows: Rows) -> tuple[Events, Any, dict[int, str], int]:
@@ -336,7 +336,7 @@ def _events_of(rows: Rows) -> tuple[Events, Any, dict[int, str], int]:
                 array("q", [rows.sizes[i] for i in keep]), array("q", [rows.streams[i] for i in keep]))
     new_index = {old: new for new, old in enumerate(keep)}
     unknown = {new_index[i]: a for i, a in rows.unknown.items() if i in new_index}
-    stacks = array("l", [rows.stacks[i] for i in keep])
+    stacks = array("i", [rows.stacks[i] for i in keep]) if rows.stacks is not None else None
     return ev, stacks, unknown, len(codes) - len(keep)
 
 

@@ -21,7 +21,7 @@ import codecs
 import struct
 from typing import Any
 
-from .entries import (_COST_CONTAINER, _COST_ITEM, _COST_OBJ, _MARK, _ROW_MEMO, _U4, EntryReader, PickleRefused,
+from .entries import (_COST_CONTAINER, _COST_ITEM, _COST_OBJ, _MARK, _U4, EntryReader, PickleRefused,
                       _RowTuple)
 
 
@@ -64,25 +64,20 @@ class Reader(EntryReader):
     # -- memo
     def _put(self, idx: int, obj: Any) -> None:
         memo = self.memo
-        if idx == len(memo):
+        vlen = self._vlen()
+        if idx == vlen:
             memo.append(obj)
-        elif idx < len(memo):
-            memo[idx] = obj
+        elif idx < vlen:
+            real = self._real(idx)
+            if real is None:      # a slot of a fast-path run: torch never writes one twice
+                raise PickleRefused(f"memo index {idx} written twice (torch writes each once)")
+            memo[real] = obj
         else:
-            if idx > len(memo) + 1_000_000:
+            if idx > vlen + 1_000_000:
                 raise PickleRefused(f"memo index {idx} is far beyond the objects read so far")
-            self._charge(8 * (idx - len(memo)))
-            memo.extend([None] * (idx - len(memo)))
+            self._charge(8 * (idx - vlen))
+            memo.extend([None] * (idx - vlen))
             memo.append(obj)
-
-    def _get(self, idx: int, pos: int) -> Any:
-        try:
-            obj = self.memo[idx]
-        except IndexError:
-            raise self._fail(pos, f"memo reference {idx} to an object not read yet") from None
-        if obj is _ROW_MEMO:
-            raise self._fail(pos, f"a second reference to {obj.what} (torch writes each once)")
-        return obj
 
     # -- the main loop
     def load(self) -> Any:
@@ -297,7 +292,7 @@ class Reader(EntryReader):
                 k = data[pos]
                 self._charge(cost_obj + k)
                 raw = data[pos + 1:pos + 1 + k]
-                push(raw if op == 0x43 else self._latin1(raw))
+                push(bytes(raw) if op == 0x43 else self._latin1(raw))
                 pos += 1 + k
             elif op in (0x42, 0x54):                         # BINBYTES, BINSTRING
                 k = _I4(data, pos)[0] if op == 0x54 else _U4(data, pos)[0]
@@ -305,7 +300,7 @@ class Reader(EntryReader):
                     raise self._fail(pos, "a string runs past the end of the file")
                 self._charge(cost_obj + k)
                 raw = data[pos + 4:pos + 4 + k]
-                push(raw if op == 0x42 else self._latin1(raw))
+                push(bytes(raw) if op == 0x42 else self._latin1(raw))
                 pos += 4 + k
             elif op in (0x8D, 0x8E, 0x96):                   # BINUNICODE8, BINBYTES8, BYTEARRAY8
                 k = _Q8(data, pos)[0]
@@ -313,7 +308,7 @@ class Reader(EntryReader):
                     raise self._fail(pos, "a string runs past the end of the file")
                 self._charge(cost_obj + k)
                 raw = data[pos + 8:pos + 8 + k]
-                push(self._text(raw, pos) if op == 0x8D else raw if op == 0x8E else bytearray(raw))
+                push(self._text(raw, pos) if op == 0x8D else bytes(raw) if op == 0x8E else bytearray(raw))
                 pos += 8 + k
             elif op in (0x49, 0x4C, 0x46, 0x53, 0x56, 0x67, 0x70):   # protocol 0: text arguments
                 end = data.find(b"\n", pos)

@@ -1,0 +1,82 @@
+"""A device's trace as columns (:class:`Rows`), and the codes of its actions: what the restricted
+loader (:mod:`experiments.doctor.unpickle`, :mod:`experiments.doctor.loader`) builds instead of
+torch's list of dicts, about 30 bytes a trace entry instead of about 500."""
+from __future__ import annotations
+
+from array import array
+from typing import Any, Iterator
+
+# Trace actions and their codes (the order of experiments.doctor.trace.ACTIONS).
+ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
+           "segment_unmap", "snapshot", "oom")
+IGNORED = ("annotate", "user_defined")      # markers that do not touch memory: code IGNORED_CODE
+IGNORED_CODE = 10
+UNKNOWN_CODE = 9                            # any other action: the name is kept in Rows.unknown
+ACTION_CODE = {a: i for i, a in enumerate(ACTIONS)} | {a: IGNORED_CODE for a in IGNORED}
+OOM_CODE = ACTION_CODE["oom"]
+# Fields every memory action must carry (an 'oom' entry has device_free where the others have addr).
+_NEEDS = {c: ("addr", "size", "stream") for c in range(7)} | {OOM_CODE: ("device_free", "size", "stream")}
+ADDR_LIMIT = 1 << 62        # addresses and stream ids: below this (device pointers are < 2^57)
+SIZE_LIMIT = 1 << 46        # sizes: at most 64 TiB, more than any GPU has
+
+
+class Rows:
+    """One device's trace, as columns: ``codes`` (array of action codes), ``addrs``,
+    ``sizes``, ``streams`` (arrays of int64; for 'oom' the address column holds device_free),
+    ``stacks`` (array of stack ids, -1 for none, into :attr:`stack_table`) and ``unknown``
+    ({row: action name} for actions the doctor does not know).
+
+    Reads like the list of dicts torch wrote (``len``, indexing, iteration build one dict
+    at a time), so code that expects ``device_traces[d]`` to be a list keeps working.
+    """
+
+    __slots__ = ("codes", "addrs", "sizes", "streams", "stacks", "unknown", "stack_table")
+
+    def add_stacks(self, sids: Any) -> None:
+        """The stack ids of the rows just added (the last ``len(sids)``); -1 for none."""
+        if self.stacks is None:
+            if not any(s >= 0 for s in sids):
+                return
+            self.stacks = array("i", [-1]) * (len(self.codes) - len(sids))
+        self.stacks.extend(sids)
+
+    def __init__(self, stack_table: list[Any] | None = None) -> None:
+        self.codes = array("B")
+        self.addrs = array("q")
+        self.sizes = array("q")
+        self.streams = array("q")
+        self.stacks: array | None = None      # made at the first row with a stack (-1: none)
+        self.unknown: dict[int, str] = {}
+        self.stack_table = stack_table if stack_table is not None else []
+
+    def __len__(self) -> int:
+        return len(self.codes)
+
+    def action(self, i: int) -> str:
+        c = self.codes[i]
+        if c < len(ACTIONS):
+            return ACTIONS[c]
+        return self.unknown.get(i, "annotate")
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]  # type: ignore[return-value]
+        if i < 0:
+            i += len(self)
+        action = self.action(i)
+        out: dict[str, Any] = {"action": action, "device_free" if self.codes[i] == OOM_CODE else "addr": self.addrs[i],
+                               "size": self.sizes[i], "stream": self.streams[i]}
+        s = self.stacks[i] if self.stacks is not None else -1
+        out["frames"] = [dict(zip(("filename", "line", "name"), f)) for f in self.stack_table[s]] if s >= 0 else []
+        return out
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return (self[i] for i in range(len(self)))
+
+    def frames(self, i: int) -> list[tuple[str, int, str]]:
+        """The stack of row ``i`` as (filename, line, name), innermost first ([] if none)."""
+        s = self.stacks[i] if self.stacks is not None else -1
+        return list(self.stack_table[s]) if s >= 0 else []
+
+
+__all__ = ["ACTIONS", "ACTION_CODE", "ADDR_LIMIT", "IGNORED_CODE", "OOM_CODE", "Rows", "SIZE_LIMIT", "UNKNOWN_CODE"]
