@@ -13,7 +13,7 @@ export PATH := $(BIN):$(PATH)
 # measures live on this machine's GPU instead.
 BOOK_MODE ?= recorded
 
-.PHONY: book book-student test test-gpu install notebooks record clean browser sandbox
+.PHONY: book book-student test test-gpu install notebooks record clean browser sandbox pyodide
 
 $(PY):
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "make needs Python 3.11 or newer (the pinned packages do); found " + sys.version.split()[0] + ". Try: make book PYTHON=python3.11")'
@@ -27,17 +27,29 @@ $(STAMP): $(PY) requirements.txt constraints.txt pyproject.toml
 
 install: $(STAMP)
 
+# The page "Check your own snapshot" runs the doctor in the reader's browser on Pyodide, which the
+# book ships from the npm registry's `pyodide` package, at the version package-lock.json pins
+# (book/_ext/doctor_page.py copies it into the site). node_modules/ is not committed.
+NPM ?= npm
+PYODIDE := node_modules/pyodide/package.json
+$(PYODIDE): package.json package-lock.json
+	@command -v $(NPM) >/dev/null || { echo "the book ships Pyodide from the npm registry: install Node.js and npm (Debian: apt-get install npm)"; exit 2; }
+	$(NPM) ci --ignore-scripts --no-audit --no-fund
+	@touch $@
+
+pyodide: $(PYODIDE)
+
 notebooks: install
 	$(PY) scripts/sync_notebooks.py
 
 # CUDA_MEMLAB_STATIC=1: every ex.panel becomes a recorded-grid explorer that needs no kernel
 # and no widget JavaScript (experiments/explorer.py).
-book: notebooks
+book: notebooks pyodide
 	CUDA_MEMLAB_STATIC=1 CUDA_MEMLAB_MODE=$(BOOK_MODE) $(BIN)/jupyter-book build . --warningiserror --keep-going
 	@echo "The book is at file://$(CURDIR)/_build/html/index.html"
 
 # A build for students: exercise solutions left out.
-book-student: notebooks
+book-student: notebooks pyodide
 	$(PY) scripts/student_edition.py config > $(VENV)/student_config.yml
 	CUDA_MEMLAB_STATIC=1 CUDA_MEMLAB_MODE=$(BOOK_MODE) $(BIN)/jupyter-book build . --config $(VENV)/student_config.yml --path-output _build/student --warningiserror --keep-going
 	$(PY) scripts/student_edition.py notebooks _build/student/notebooks
@@ -73,7 +85,7 @@ sandbox: $(BWRAP)
 # The fast loop while developing skips the build and the slow tests:
 #   .venv/bin/python -m pytest -m "not slow"
 TEST_BOOK := _build/test
-test: notebooks browser sandbox
+test: notebooks browser sandbox pyodide
 	rm -rf $(TEST_BOOK)
 	CUDA_MEMLAB_STATIC=1 CUDA_MEMLAB_MODE=recorded $(BIN)/jupyter-book build . --path-output $(TEST_BOOK) --warningiserror --keep-going
 	CUDA_MEMLAB_BOOK_BUILD=$(CURDIR)/$(TEST_BOOK) $(PY) -m pytest

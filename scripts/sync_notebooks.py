@@ -52,6 +52,7 @@ except importlib.metadata.PackageNotFoundError:
 import experiments'''
 
 DIST = "cuda-memory-lab"  # [project] name in pyproject.toml
+MYST_PAGES = ("snapshot_check",)  # book/*.md pages without a notebook that {ref} may point at
 
 
 def repo_url() -> str:
@@ -125,6 +126,10 @@ def ref_targets(sources: list[Path], numbers: dict[str, int]) -> dict[str, tuple
             k += 1
             n = numbers.get(src.stem)
             targets[m.group(2)] = (src.stem, f"Exercise {n}.{k}" if n else f"Exercise {k}")
+    # Pages written in MyST directly (no notebook): their labelled headings.
+    for page in MYST_PAGES:
+        for m in re.finditer(r"^\(([\w-]+)\)=\n+#+ (.+)$", (OUT / f"{page}.md").read_text(), re.M):
+            targets[m.group(1)] = (page, m.group(2).strip())
     return targets
 
 

@@ -682,7 +682,9 @@ al.plot_sequence(run, title="2 MiB, free, then 512 KiB")
 #
 # The file (a pickle, gzip'd or not) is read by a loader of our own that builds plain data
 # only and checks every size before spending the memory, so a snapshot someone sends you
-# cannot run code or exhaust your machine.
+# cannot run code or exhaust your machine. Nothing to install: the page
+# {ref}`check-snapshot` runs the same doctor in your browser, on a file you drop on it,
+# which it sends nowhere.
 #
 # Here is the doctor on a real training loop: a 4-layer `torch.nn.TransformerEncoder`
 # trained with AdamW at batch sizes 24, 32, 40 and 48 (two steps each), with every batch

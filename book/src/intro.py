@@ -42,6 +42,10 @@
 # **Without a GPU.** Read the book online, or run the notebooks on a laptop: every
 # experiment then shows the result recorded on the lab GPU.
 #
+# **Your own out-of-memory error.** Drop a memory snapshot of your program on the page
+# {ref}`check-snapshot`: chapter 1's allocator doctor replays it in your browser and tells
+# you what other allocator settings would have done. The file is sent nowhere.
+#
 # ## Live and recorded results
 #
 # Each experiment is one function call, for example `ex.run("core.three_clocks")`.

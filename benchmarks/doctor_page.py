@@ -1,0 +1,164 @@
+"""The page "Check your own snapshot" (issue 18): bytes shipped, page weights, and speed in chromium.
+
+Prints, for a built book (``make book`` writes _build/html):
+
+- the bytes of Pyodide and of the doctor's files the site ships, per file, as stored and gzip'd
+  (what a host that compresses sends);
+- every page's weight at its first load (all the files a load fetches, gzip'd), and with
+  ``--compare OTHER_HTML`` the same for another build (the one before this page) and the change;
+- the time from a drop to the first result on the book's recorded training snapshot (8,170
+  events, as torch's pickle with frames, protocol 5) with the page's own settings
+  (expandable_segments:True and --suggest's grid): the first time, then with Pyodide in the
+  browser's cache (median of ``--repeats``); target 5 s cached on the 2-core machine;
+- the time per what-if on a large snapshot: ``--large PATH`` (a reader's pickle), by default the
+  lab's 450k-event eager loop where it is recorded, else a 450,000-event synthetic one
+  (benchmarks/doctor_replay.py's trace, no frames); target 12 s.
+
+Usage: python benchmarks/doctor_page.py [--site DIR] [--compare DIR] [--large PATH] [--repeats N]
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import gzip
+import http.server
+import json
+import os
+import pickle
+import statistics
+import sys
+import tempfile
+import threading
+import urllib.parse
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.booktools import PAGES  # noqa: E402
+from tests.test_doctor_page import SNAPSHOTS, Tab, _set_what_ifs, long_snapshot, torch_form  # noqa: E402
+
+
+def serve(root: Path) -> tuple[str, http.server.ThreadingHTTPServer]:
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(root)))
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{srv.server_address[1]}", srv
+
+
+def sizes(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    return len(data), min(len(data), len(gzip.compress(data, 6)))
+
+
+def shipped(site: Path) -> None:
+    static = site / "_static"
+    total = [0, 0]
+    for folder in sorted([*static.glob("pyodide-*"), static / "doctor"]):
+        for f in sorted(folder.iterdir()):
+            raw, packed = sizes(f)
+            total[0] += raw
+            total[1] += packed
+            print(f"  {raw / 1e6:8.3f} MB stored  {packed / 1e6:7.3f} MB gzip'd  {f.relative_to(site)}")
+    print(f"  {total[0] / 1e6:8.3f} MB stored  {total[1] / 1e6:7.3f} MB gzip'd  in all (fetched at the first drop only)")
+
+
+def weights(browser, site: Path, pages: list[str]) -> dict[str, tuple[int, int]]:
+    origin, srv = serve(site)
+    out = {}
+    try:
+        for page in pages:
+            ctx = browser.new_context(viewport={"width": 1280, "height": 900})
+            urls: list[str] = []
+            ctx.on("requestfinished", lambda r: urls.append(r.url))
+            p = ctx.new_page()
+            p.goto(f"{origin}/book/{page}.html", wait_until="load")
+            p.wait_for_timeout(1500)
+            raw = packed = 0
+            for u in set(urls):
+                f = site / urllib.parse.unquote(urllib.parse.urlsplit(u).path).lstrip("/")
+                r, g = sizes(f)
+                raw, packed = raw + r, packed + g
+            out[page] = (raw, packed)
+            ctx.close()
+    finally:
+        srv.shutdown()
+    return out
+
+
+def speed(browser, site: Path, large: Path | None, repeats: int) -> None:
+    origin, srv = serve(site)
+    tmp = Path(tempfile.mkdtemp())
+    try:
+        pick = tmp / "training.pickle"
+        pick.write_bytes(pickle.dumps(torch_form(SNAPSHOTS["training"]), protocol=5))
+        ctx = browser.new_context(viewport={"width": 1280, "height": 900})
+        first = Tab(browser, origin, context=ctx).drop(pick)
+        cached = []
+        for _ in range(repeats):
+            tab = Tab(browser, origin, context=ctx)
+            got = tab.drop(pick)
+            cached.append((float(got["firstResultSeconds"]), json.loads(got["pyodideMarks"])))
+            tab.page.close()
+        ctx.close()
+        print(f"training snapshot (8,170 events, {pick.stat().st_size / 1e6:.1f} MB pickle, the page's settings: one "
+              f"what-if and the suggestion's grid): load average {os.getloadavg()[0]:.1f}; first result "
+              f"{first['firstResultSeconds']} s the first time; with Pyodide cached median "
+              f"{statistics.median(t for t, _ in cached):.2f} s (runs: {', '.join(f'{t:.2f}' for t, _ in cached)} s; "
+              f"Python ready after {statistics.median(m['python'] for _, m in cached) / 1000:.2f} s, from its memory "
+              f"snapshot: {all(m['snapshot'] for _, m in cached)}); target 5 s")
+        if large is None:
+            large = long_snapshot(tmp)
+        tab = Tab(browser, origin)
+        _set_what_ifs(tab.page, ["expandable_segments:True", "max_split_size_mb:128"], [], suggest=False)
+        got = tab.drop(large, timeout_s=900, until="result")
+        if got["error"]:
+            print(f"{large.name}: {got['error']}")
+        else:
+            secs = json.loads(got["seconds"])
+            events = json.loads(tab.page.locator(".memlab-doctor-results").get_attribute("data-json"))["trace_events"]
+            print(f"{large.name} ({events:,} events, {large.stat().st_size / 1e6:.0f} MB): first result "
+                  f"{got['firstResultSeconds']} s; replay {secs['replay']:.1f} s; per what-if "
+                  f"{', '.join(f'{t:.1f} s' for t in secs['what_if'])} (target 12 s)")
+        tab.close()
+    finally:
+        srv.shutdown()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--site", type=Path, default=ROOT / "_build" / "html")
+    ap.add_argument("--compare", type=Path, help="another built html folder (before this page)")
+    ap.add_argument("--large", type=Path, help="a large snapshot pickle (default: 450k synthetic events)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--skip-speed", action="store_true")
+    a = ap.parse_args()
+    from playwright.sync_api import sync_playwright
+
+    print(f"files of the page 'Check your own snapshot' in {a.site}:")
+    shipped(a.site)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=os.environ.get("CUDA_MEMLAB_CHROMIUM", "/usr/bin/chromium"),
+                                    args=["--no-sandbox"])
+        pages = [pg for pg in PAGES + ["snapshot_check"] if (a.site / "book" / f"{pg}.html").exists()]
+        now = weights(browser, a.site, pages)
+        before = weights(browser, a.compare, [pg for pg in PAGES if (a.compare / "book" / f"{pg}.html").exists()]) \
+            if a.compare else {}
+        print("page weight at first load (every file fetched, gzip'd; stored in brackets):")
+        for page in pages:
+            raw, packed = now[page]
+            line = f"  {page:24s} {packed / 1e3:7.1f} kB ({raw / 1e3:7.1f} kB)"
+            if page in before:
+                b = before[page][1]
+                line += f"   before {b / 1e3:7.1f} kB: {100 * (packed - b) / b:+.2f} %"
+            print(line)
+        if not a.skip_speed:
+            speed(browser, a.site, a.large, a.repeats)
+        browser.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,315 @@
+"""The Python half of the page "Check your own snapshot": it runs inside Pyodide, in the page's
+Web Worker (``book/_static/doctor-worker.mjs``), and turns a dropped file into what the page shows.
+
+It runs the doctor's own command line (:mod:`experiments.doctor.cli`): the arguments are the
+ones ``python -m experiments doctor FILE --what-if ... --json`` would get, parsed by the same
+parser, and the JSON is what that command prints, byte for byte; a bad file or setting gives
+the command's one-line ``error: ...``. Beside that it returns what the page draws: the
+report's text, reserved and allocated bytes over the requests (bucket maxima, so that no
+peak is lost), and the segments at the recorded run's peak.
+
+The build ships this file in the same zip as the doctor's package (``book/_ext/doctor_page.py``);
+it also runs in CPython, where the tests compare it with the command line.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import time
+import traceback
+from typing import Any, Callable, Sequence
+
+PROG = "python -m experiments"   # the command line's prog: usage errors read the same
+POINTS = 600                     # points per line of the figure: more than a phone's width in px
+SEGMENTS_SHOWN = 12              # rows of the segment map, as in the notebook's figure
+
+
+class UsageError(Exception):
+    """argparse refused the arguments (the message is the command line's one line)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    # The command line prints usage errors as one line (experiments.core.cli._Parser); the page
+    # shows that line instead of exiting.
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"error: {self.prog}: {message}")
+
+
+def argv(path: str, what_if: Sequence[str] = (), *, cap_bytes: int | None = None,
+         cap_fraction: float | None = None, suggest: bool = False) -> list[str]:
+    """The command line's arguments for these settings (after ``python -m experiments``).
+
+    Args:
+        path: the snapshot file (in the worker: its copy in Pyodide's in-memory file system).
+        what_if: settings strings in ``PYTORCH_CUDA_ALLOC_CONF`` syntax, in the order given.
+        cap_bytes / cap_fraction: the what-ifs' memory cap (at most one).
+        suggest: ask for the ranked settings (only where the command line has ``--suggest``).
+    """
+    out = ["doctor", path]
+    for s in what_if:
+        out += ["--what-if", s]
+    if cap_bytes is not None:
+        out += ["--cap", str(cap_bytes)]
+    if cap_fraction is not None:
+        out += ["--cap-fraction", repr(float(cap_fraction))]
+    if suggest:
+        out.append("--suggest")
+    return out + ["--json"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    from experiments.doctor import cli
+
+    parser = _Parser(prog=PROG)
+    cli.add_parser(parser.add_subparsers(dest="command", required=True))
+    return parser
+
+
+def options() -> dict[str, Any]:
+    """What the command line offers, for the page's controls: ``{"suggest": bool}``."""
+    flags = {a for action in _doctor_subparser()._actions for a in action.option_strings}
+    return {"suggest": "--suggest" in flags}
+
+
+def warm_up() -> None:
+    """Import everything a run needs (lazy imports included) by running the doctor once on an
+    empty snapshot with a what-if: the page's worker does this before the reader's file is read,
+    and the build does it before it takes Pyodide's memory snapshot (doctor_snapshot.mjs)."""
+    import os
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "empty.json")
+        with open(path, "w") as f:
+            json.dump({"segments": [], "device_traces": [[]]}, f)
+        res = run(path, ["expandable_segments:True,max_split_size_mb:64"], cap_bytes=1 << 30)
+    if not res["ok"]:
+        raise RuntimeError(f"the doctor failed on an empty snapshot: {res}")
+    details(res["report"])
+
+
+def _doctor_subparser() -> argparse.ArgumentParser:
+    parser = _parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices["doctor"]
+
+
+def _envelope(values: Sequence[int], n: int) -> tuple[list[int], list[int]]:
+    """(first request of each bucket, the bucket's largest value): at most ``n`` points, and
+    every maximum kept, so the figure's peak is the run's peak."""
+    size = len(values)
+    step = max(1, -(-size // n))
+    xs = list(range(0, size, step))
+    return xs, [max(values[i:i + step]) for i in xs]
+
+
+def _order(seg: dict[str, Any]) -> tuple[int, int]:
+    # As the notebook's figure (experiments.doctor.figure): segments that live blocks pin
+    # first, most free bytes first, then the largest others.
+    live = any(b["state"] != "inactive" for b in seg["blocks"])
+    free = sum(b["size"] for b in seg["blocks"] if b["state"] == "inactive")
+    return (0 if live and free else 1, -free if live else -seg["total_size"])
+
+
+def _with_series(report: Any, run: Any, kept: Sequence[Any]) -> Any:
+    """``run`` with its per-request series: as it is, or the same what-if kept while it ran, or
+    (the doctor's own way) run again."""
+    if len(run.reserved) or not run.events_replayed:
+        return run
+    for other in kept:
+        if other.settings == run.settings and len(other.reserved) and \
+                other.peak_reserved_bytes == run.peak_reserved_bytes:
+            return other
+    return report.series(run)
+
+
+def figure_data(report: Any, points: int = POINTS, with_series: Sequence[Any] = ()) -> dict[str, Any]:
+    """The timeline the page draws: reserved and allocated bytes per setting (recorded run first).
+
+    Returns:
+        ``{"requests": int, "runs": [{"label", "recorded", "requests", "x", "reserved", "allocated",
+        "peak_reserved_bytes", "ooms": [request index, ...] (at most 200)}]}``; at most
+        ``points`` values per line, each the largest of its bucket of requests; bytes are whole
+        numbers, x are request indices.
+    """
+    runs = []
+    for k, shown in enumerate([report.replay] + list(report.what_ifs)):
+        run = _with_series(report, shown, with_series)
+        xs, res = _envelope(run.reserved, points)
+        _, alloc = _envelope(run.allocated, points)
+        runs.append({"label": ("recorded: " if k == 0 else "") + (run.settings or "defaults"), "recorded": k == 0,
+                     "requests": len(run.reserved),
+                     "x": xs, "reserved": res, "allocated": alloc, "peak_reserved_bytes": run.peak_reserved_bytes,
+                     "ooms": [i for i, _ in run.oom_requests if i >= 0][:200]})
+    return {"requests": max((r["requests"] for r in runs), default=0), "runs": runs}
+
+
+def segment_data(report: Any) -> dict[str, Any]:
+    """The segments at the recorded run's peak, pinned ones first (at most 12), for the segment map.
+
+    Returns:
+        ``{"segments_total": int, "segments": [{"address", "total_size", "pool", "stream",
+        "expandable", "blocks": [{"size", "state"}] in address order}]}``.
+    """
+    layout = report.peak_layout(report.replay)
+    shown = sorted(layout, key=_order)[:SEGMENTS_SHOWN]
+    return {"segments_total": len(layout),
+            "segments": [{"address": s["address"], "total_size": s["total_size"], "pool": s.get("pool"),
+                          "stream": s.get("stream"), "expandable": bool(s.get("is_expandable", False)),
+                          "blocks": [{"size": b["size"], "state": b["state"]} for b in s["blocks"]]}
+                         for s in shown]}
+
+
+MEMORY = ("error: the snapshot does not fit in this browser tab's memory; run the doctor on your machine: "
+          "pip install cuda-memory-lab, then python -m experiments doctor FILE")
+
+
+def run(path: str, what_if: Sequence[str] = (), *, cap_bytes: int | None = None, cap_fraction: float | None = None,
+        suggest: bool = False, progress: Callable[[str], Any] | None = None) -> dict[str, Any]:
+    """Run the doctor's command line on ``path`` and keep its report for the page.
+
+    Returns:
+        ``{"ok": True, "argv", "json_text" (the command's stdout), "json" (parsed), "figure",
+        "seconds": {"total", "replay", "what_if": [...]}}``, and the report as ``report``
+        (a Python object, for :func:`details`); or ``{"ok": False, "argv", "error": the
+        command's one line}`` for bad input or settings (its exit status 2) and when the tab runs
+        out of memory; or ``{"ok": False, "argv", "bug": the command's line and the traceback}``
+        for a bug in the doctor (its exit status 1).
+    """
+    say = progress or (lambda _msg: None)
+    args_list = argv(path, what_if, cap_bytes=cap_bytes, cap_fraction=cap_fraction, suggest=suggest)
+    t0 = time.perf_counter()
+    try:
+        args = _parser().parse_args(args_list)
+    except UsageError as e:
+        return {"ok": False, "error": str(e), "argv": args_list}
+    from experiments.doctor import report as report_mod
+
+    try:
+        from experiments.doctor import suggest as runs_mod   # runs every what-if (run_many)
+    except ImportError:
+        runs_mod = None
+    kept: dict[str, Any] = {}
+    timings: dict[str, Any] = {"what_if": []}
+    series: list[Any] = []   # the reader's what-ifs, with their per-request series
+    real_doctor = report_mod.doctor
+    real_replay = getattr(report_mod, "replay", None)
+    real_what_if = getattr(runs_mod, "what_if", None)
+
+    # The command calls report.doctor(), which reads, replays, then runs each what-if (and the
+    # suggestion's grid): watch those calls to keep the report, to tell the page how far it
+    # got, to keep the series the figure needs (the command asks for peaks only, which changes
+    # no figure of its JSON), and to tell a tab out of memory and a bug from bad input.
+    def doctor(*a: Any, **kw: Any) -> Any:
+        say("reading the snapshot")
+        try:
+            kept["report"] = real_doctor(*a, **kw)
+        except MemoryError:
+            kept["memory"] = True
+            raise
+        except Exception:
+            kept["traceback"] = traceback.format_exc()
+            raise
+        say("writing the result")
+        return kept["report"]
+
+    def replay(*a: Any, **kw: Any) -> Any:
+        if "replay" in timings or kw.get("stop_at") is not None:
+            return real_replay(*a, **kw)
+        say("replaying the recorded run")
+        kw["series"] = True
+        t = time.perf_counter()
+        out = real_replay(*a, **kw)
+        timings["replay"] = time.perf_counter() - t
+        return out
+
+    def what_if_run(base: Any, cfg: Any, settings: str, **kw: Any) -> Any:
+        if kw.get("stop_at") is not None:
+            return real_what_if(base, cfg, settings, **kw)
+        k = len(timings["what_if"])
+        if k < len(what_if):
+            say(f"what-if {k + 1} of {len(what_if)}: {settings or 'defaults'}")
+            kw["series"] = True
+        else:
+            say(f"suggestion: setting {k + 1 - len(what_if)} of the grid, {settings or 'defaults'}")
+        t = time.perf_counter()
+        out = real_what_if(base, cfg, settings, **kw)
+        timings["what_if"].append(time.perf_counter() - t)
+        if k < len(what_if):
+            series.append(out[0])
+        return out
+
+    out, err = io.StringIO(), io.StringIO()
+    # Only the report is needed (doctor); the others tell the page the progress and keep the
+    # series, so a later doctor that names them otherwise still runs (the figure then runs the
+    # what-ifs again: Report.series).
+    patches = [(report_mod, "doctor", doctor, real_doctor)]
+    if real_replay is not None:
+        patches.append((report_mod, "replay", replay, real_replay))
+    if real_what_if is not None:
+        patches.append((runs_mod, "what_if", what_if_run, real_what_if))
+    for mod, name, fake, _ in patches:
+        setattr(mod, name, fake)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            status = args.func(args)
+    finally:
+        for mod, name, _, real in patches:
+            setattr(mod, name, real)
+    line = err.getvalue().strip()
+    if kept.get("memory"):
+        return {"ok": False, "argv": args_list, "error": MEMORY}
+    if status == 1 and "traceback" in kept:
+        return {"ok": False, "argv": args_list, "bug": line + "\n\n" + kept["traceback"]}
+    if status:
+        return {"ok": False, "argv": args_list, "error": line}
+    text = out.getvalue()
+    rep = kept["report"]
+    timings["user_what_if"] = timings["what_if"][:len(what_if)]
+    timings["grid"] = timings["what_if"][len(what_if):]
+    timings["what_if"] = timings["user_what_if"]
+    fig = figure_data(rep, with_series=series)
+    timings["total"] = time.perf_counter() - t0
+    oom = rep.oom_text() if getattr(rep, "oom", None) and hasattr(rep, "oom_text") else None
+    return {"ok": True, "argv": args_list, "json_text": text, "json": json.loads(text), "oom_text": oom,
+            "figure": fig, "seconds": timings, "report": rep}
+
+
+def details(report: Any) -> dict[str, Any]:
+    """The slower half of the page: the report's text (a second pass up to each run's peak) and
+    the segments at the recorded run's peak. Returns ``{"text", "segments", "segments_total",
+    "seconds"}``."""
+    t = time.perf_counter()
+    seg = segment_data(report)
+    return {"text": report.text(), **seg, "seconds": time.perf_counter() - t}
+
+
+def run_json(path: str, request_json: str, progress: Callable[[str], Any] | None = None) -> str:
+    """:func:`run` for the worker: the request and the answer as JSON text. The answer holds no
+    Python object; the last report is kept for :func:`details_json`. A bug comes back as
+    ``{"ok": False, "bug": traceback}``, never as an error of the reader's file."""
+    global _last
+    req = json.loads(request_json)
+    try:
+        res = run(path, req.get("what_if", []), cap_bytes=req.get("cap_bytes"), cap_fraction=req.get("cap_fraction"),
+                  suggest=bool(req.get("suggest")), progress=progress)
+    except Exception:  # noqa: BLE001 -- not the reader's input: shown as a bug of the page
+        _last = None
+        return json.dumps({"ok": False, "bug": traceback.format_exc()})
+    _last = res.pop("report", None)
+    return json.dumps(res)
+
+
+_last: Any = None
+
+
+def details_json() -> str:
+    """:func:`details` of the last successful :func:`run_json`, as JSON text."""
+    if _last is None:
+        return json.dumps({"ok": False, "bug": "no report to detail"})
+    try:
+        return json.dumps({"ok": True, **details(_last)})
+    except Exception:  # noqa: BLE001
+        return json.dumps({"ok": False, "bug": traceback.format_exc()})

@@ -1,0 +1,575 @@
+/* The page "Check your own snapshot": the allocator doctor in the reader's browser.
+ *
+ * The reader drops or picks a memory snapshot; this script hands it to a Web Worker
+ * (doctor-worker.mjs) that runs the project's doctor in Pyodide, both shipped with the site
+ * and fetched only at the first file. It shows the progress, the settings side by side, the
+ * figure (SVG drawn here), the report as the command line prints it, the segments at the
+ * peak, and a download of the command line's --json object. The file is read in this tab
+ * and sent nowhere. Config: window.memlabDoctor (book/_ext/doctor_page.py).
+ */
+(function () {
+  "use strict";
+
+  const cfg = window.memlabDoctor;
+  const root = document.getElementById("memlab-doctor");
+  if (!cfg || !root || !document.currentScript) return;
+  const staticBase = new URL(".", document.currentScript.src).href;
+
+  const PALETTE = ["#3b6ea8", "#d9822b", "#3f9a5b", "#b5403a", "#7b5ea7", "#8c6d46", "#c2549d", "#6b6b6b"];
+  const STATE_COLORS = { active_allocated: "#3b6ea8", active_pending_free: "#d9822b", inactive: "#d8dde3" };
+  const STATE_LABELS = { active_allocated: "allocated", active_pending_free: "freed, pending on a stream", inactive: "free (cached)" };
+  const PRESETS = [
+    ["expandable_segments:True", "one growing segment per stream and pool instead of many fixed ones", true],
+    ["max_split_size_mb:128", "blocks above 128 MiB are never split", false],
+    ["garbage_collection_threshold:0.8", "free cached blocks when a cap is 80 % used (needs a cap)", false],
+    ["roundup_power2_divisions:4", "round requests to quarter powers of two", false],
+    ["", "defaults (no PYTORCH_CUDA_ALLOC_CONF)", false],
+  ];
+  const SVG = "http://www.w3.org/2000/svg";
+  const KiB = 1024, MiB = KiB * 1024, GiB = MiB * 1024;
+
+  // ------------------------------------------------------------------ small helpers
+
+  function el(tag, attrs, children) {
+    const e = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (k === "text") e.textContent = v;
+      else if (k === "class") e.className = v;
+      else if (v !== false && v !== null && v !== undefined) e.setAttribute(k, v === true ? "" : v);
+    }
+    for (const c of children || []) if (c) e.append(c);
+    return e;
+  }
+
+  function svg(tag, attrs, text) {
+    const e = document.createElementNS(SVG, tag);
+    for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, v);
+    if (text !== undefined) e.textContent = text;
+    return e;
+  }
+
+  function sig(x, digits) {
+    // Python's f"{x:.{digits}g}" for the sizes we write (no exponent below 10**digits).
+    let s = x.toPrecision(digits);
+    if (s.includes("e")) s = String(Number(s));
+    if (s.includes(".")) s = s.replace(/0+$/, "").replace(/\.$/, "");
+    return s;
+  }
+
+  // experiments.core.units.format_bytes: sizes within 4 KiB of a whole MiB or GiB are exact.
+  function formatBytes(n, digits) {
+    digits = digits || 4;
+    n = Math.trunc(n);
+    if (n < 0) return "\u2212" + formatBytes(-n, digits);
+    for (const [unit, scale] of [["GiB", GiB], ["MiB", MiB]]) {
+      const whole = Math.round(n / scale);
+      const diff = n - whole * scale;
+      if (whole >= 1 && Math.abs(diff) < 4096) {
+        if (diff === 0) return whole + " " + unit;
+        return whole + " " + unit + " " + (diff > 0 ? "+" : "\u2212") + " " + Math.abs(diff) + " B";
+      }
+      if (n >= scale) {
+        const v = n / scale;
+        return (v < Math.pow(10, digits) ? sig(v, digits) : v.toFixed(0)) + " " + unit;
+      }
+    }
+    if (n >= KiB) return (n % KiB === 0 ? n / KiB : sig(n / KiB, digits)) + " KiB";
+    return n + " B";
+  }
+
+  function megabytes(n) {
+    return (n / 1e6).toFixed(n < 1e7 ? 1 : 0) + " MB";
+  }
+
+  function shellQuote(a) {
+    return /^[A-Za-z0-9_.,:=\/+-]+$/.test(a) ? a : "'" + a.replace(/'/g, "'\\''") + "'";
+  }
+
+  function niceStep(span, count) {
+    const raw = span / Math.max(1, count);
+    const p = Math.pow(10, Math.floor(Math.log10(raw)));
+    for (const m of [1, 2, 2.5, 5, 10]) if (m * p >= raw) return m * p;
+    return 10 * p;
+  }
+
+  // ------------------------------------------------------------------ the controls
+
+  const fileInput = el("input", { type: "file", id: "memlab-doctor-file", accept: ".pickle,.pkl,.gz,.json,.pt,application/json,application/gzip,application/octet-stream" });
+  const drop = el("div", { class: "memlab-doctor-drop", tabindex: "0", role: "button",
+                            "aria-describedby": "memlab-doctor-drop-note" }, [
+    el("p", { class: "memlab-doctor-drop-title", text: "Drop a memory snapshot here" }),
+    el("p", {}, [document.createTextNode("or "),
+      el("label", { for: "memlab-doctor-file", class: "memlab-doctor-pick", text: "choose a file" }), fileInput]),
+    el("p", { id: "memlab-doctor-drop-note", class: "memlab-doctor-note",
+              text: "A pickle from torch.cuda.memory._dump_snapshot (gzip'd or not) or a JSON snapshot, up to " +
+                    megabytes(cfg.limitBytes) + ". It is read in this tab and sent nowhere." }),
+  ]);
+
+  const checks = PRESETS.map(([setting, note, on], i) => {
+    const box = el("input", { type: "checkbox", id: "memlab-doctor-wi-" + i, value: setting, checked: on });
+    return el("div", { class: "memlab-doctor-check" }, [box,
+      el("label", { for: box.id }, [el("code", { text: setting || "defaults" }), document.createTextNode(" \u2014 " + note)])]);
+  });
+  const other = el("textarea", { id: "memlab-doctor-other", rows: "2", spellcheck: "false",
+                                 placeholder: "expandable_segments:True,max_split_size_mb:256" });
+  const cap = el("input", { type: "number", id: "memlab-doctor-cap", min: "0", step: "any", inputmode: "decimal",
+                            placeholder: "none" });
+  const suggest = el("input", { type: "checkbox", id: "memlab-doctor-suggest", checked: true });
+  const runButton = el("button", { type: "button", class: "memlab-doctor-run", disabled: true, text: "Run again" });
+  const stopButton = el("button", { type: "button", class: "memlab-doctor-stop", hidden: true, text: "Stop" });
+
+  const settings = el("fieldset", { class: "memlab-doctor-settings" }, [
+    el("legend", { text: "What if the run had used these allocator settings?" }),
+    ...checks,
+    el("div", { class: "memlab-doctor-field" }, [
+      el("label", { for: other.id, text: "Other settings, one per line (PYTORCH_CUDA_ALLOC_CONF syntax):" }), other]),
+    el("div", { class: "memlab-doctor-field memlab-doctor-inline" }, [
+      el("label", { for: cap.id, text: "Memory cap for the what-ifs, GiB (empty: the snapshot's own, if any):" }), cap]),
+    cfg.options && cfg.options.suggest ? el("div", { class: "memlab-doctor-check" }, [suggest,
+      el("label", { for: suggest.id, text: "Also rank a grid of settings and suggest one (--suggest)" })]) : null,
+    el("div", { class: "memlab-doctor-buttons" }, [runButton, stopButton]),
+  ]);
+
+  const bar = el("progress", { max: "1", "aria-label": "progress" });
+  const statusText = el("span", { class: "memlab-doctor-status-text" });
+  const status = el("div", { class: "memlab-doctor-status", role: "status", "aria-live": "polite", hidden: true },
+                    [bar, statusText]);
+  const errorBox = el("p", { class: "memlab-doctor-error", role: "alert", hidden: true });
+  const results = el("div", { class: "memlab-doctor-results", hidden: true });
+
+  root.replaceChildren(drop, settings, status, errorBox, results);
+
+  // ------------------------------------------------------------------ the worker
+
+  let worker = null;
+  let file = null;
+  let busy = false;
+  let timer = null;
+  let started = 0;
+  let stageText = "";
+  let readyPending = true;
+
+  function newWorker() {
+    const w = new Worker(staticBase + cfg.worker, { type: "module" });
+    w.postMessage({ type: "config", config: { ...cfg, base: staticBase } });
+    w.onmessage = (e) => onWorkerMessage(e.data);
+    w.onerror = (e) => {
+      e.preventDefault();
+      fail("error: the page's Python stopped (" + (e.message || "the tab may have run out of memory") +
+           "); for a snapshot this large, run the doctor on your machine: pip install cuda-memory-lab, then " +
+           "python -m experiments doctor FILE");
+    };
+    readyPending = true;
+    return w;
+  }
+
+  function setStage(text, fraction) {
+    stageText = text;
+    if (fraction === null) bar.removeAttribute("value");
+    else bar.value = fraction;
+    tick();
+  }
+
+  function tick() {
+    const s = ((performance.now() - started) / 1000).toFixed(1);
+    statusText.textContent = stageText + " \u2026 " + s + " s";
+  }
+
+  function setBusy(on) {
+    busy = on;
+    status.hidden = !on;
+    stopButton.hidden = !on;
+    runButton.disabled = on || !file;
+    root.classList.toggle("memlab-doctor-busy", on);
+    clearInterval(timer);
+    if (on) timer = setInterval(tick, 200);
+  }
+
+  function fail(line) {
+    setBusy(false);
+    errorBox.textContent = line;
+    errorBox.hidden = false;
+    if (worker) worker.terminate();
+    worker = null;
+  }
+
+  function request() {
+    const whatIf = checks.map((c) => c.querySelector("input")).filter((b) => b.checked).map((b) => b.value);
+    for (const line of other.value.split("\n")) if (line.trim()) whatIf.push(line.trim());
+    const req = { what_if: whatIf };
+    if (cap.value.trim() !== "") {
+      const g = Number(cap.value);
+      // Bytes, as the command line's --cap takes them; a bad value gets the doctor's own message.
+      req.cap_bytes = Number.isFinite(g) ? Math.round(g * GiB) : cap.value;
+    }
+    if (cfg.options && cfg.options.suggest && suggest.checked) req.suggest = true;
+    return req;
+  }
+
+  async function run() {
+    if (!file || busy) return;
+    errorBox.hidden = true;
+    if (file.size > cfg.limitBytes) {
+      errorBox.textContent = "error: " + file.name + " is " + megabytes(file.size) + "; this page takes snapshots up to " +
+        megabytes(cfg.limitBytes) + ". Run the doctor on your machine instead: pip install cuda-memory-lab, then " +
+        "python -m experiments doctor " + shellQuote(file.name) + " --what-if expandable_segments:True";
+      errorBox.hidden = false;
+      return;
+    }
+    started = performance.now();
+    setBusy(true);
+    setStage(readyPending ? "loading Python (the first time about 13 MB from this site)" : "reading the file", null);
+    results.hidden = true;
+    let bytes;
+    try {
+      bytes = await file.arrayBuffer();
+    } catch (err) {
+      fail("error: cannot read " + file.name + ": " + err);
+      return;
+    }
+    if (!worker) worker = newWorker();
+    worker.postMessage({ type: "run", name: file.name, bytes, request: request() }, [bytes]);
+  }
+
+  function onWorkerMessage(msg) {
+    if (msg.type === "stage") {
+      setStage(msg.text, msg.steps ? msg.step / (msg.steps + 1) : null);
+    } else if (msg.type === "ready") {
+      readyPending = false;
+      root.dataset.pyodideSeconds = msg.seconds.toFixed(2);
+      root.dataset.pyodideMarks = JSON.stringify(msg.marks);
+    } else if (msg.type === "fatal") {
+      fail("error: the page could not run the doctor: " + msg.message);
+    } else if (msg.type === "result") {
+      const answer = JSON.parse(msg.answer);
+      if (!answer.ok) {
+        if (answer.bug) showBug(answer.bug);
+        else fail(answer.error);
+        if (answer.bug) setBusy(false);
+        return;
+      }
+      root.dataset.firstResultSeconds = ((performance.now() - started) / 1000).toFixed(2);
+      root.dataset.seconds = JSON.stringify(answer.seconds);
+      showResult(answer);
+      setStage("writing the report and the segments at the peak", null);
+      worker.postMessage({ type: "details" });
+    } else if (msg.type === "details") {
+      const d = JSON.parse(msg.answer);
+      setBusy(false);
+      if (!d.ok) return showBug(d.bug);
+      showDetails(d);
+      root.dataset.doneSeconds = ((performance.now() - started) / 1000).toFixed(2);
+      root.dataset.state = "done";
+    }
+  }
+
+  function showBug(trace) {
+    setBusy(false);
+    errorBox.replaceChildren(
+      document.createTextNode("The doctor hit a bug of its own (not a problem with your file). Please report it with this: "),
+      el("details", {}, [el("summary", { text: "the Python traceback" }), el("pre", { text: trace })]));
+    errorBox.hidden = false;
+  }
+
+  // ------------------------------------------------------------------ the result
+
+  function runsOf(json) {
+    return [{ label: "recorded: " + (json.settings || "defaults"), recorded: true, ...json.replay }]
+      .concat((json.what_if || []).map((w) => ({ label: w.settings || "defaults", recorded: false, ...w })));
+  }
+
+  function settingsTable(json) {
+    const runs = runsOf(json);
+    const best = Math.min(...runs.map((r) => r.peak_reserved_bytes));
+    const head = el("tr", {}, ["setting", "peak reserved", "peak allocated", "final reserved", "OOMs"].map(
+      (h, i) => el("th", { scope: "col", class: i ? "memlab-num" : "", text: h })));
+    const rows = runs.map((r) => el("tr", { class: r.peak_reserved_bytes === best && runs.length > 1 ? "memlab-doctor-best" : "" }, [
+      el("th", { scope: "row" }, [breakable(r.label)]),
+      el("td", { class: "memlab-num", text: formatBytes(r.peak_reserved_bytes) }),
+      el("td", { class: "memlab-num", text: formatBytes(r.peak_allocated_bytes) }),
+      el("td", { class: "memlab-num", text: formatBytes(r.final_reserved_bytes) }),
+      el("td", { class: "memlab-num", text: String(r.oom_events) }),
+    ]));
+    return el("div", {}, [
+      el("p", { class: "memlab-doctor-note", text: json.trace_events.toLocaleString("en") + " trace events" +
+        (json.cap_bytes ? "; the what-ifs ran under a cap of " + formatBytes(json.cap_bytes) +
+          ({ given: " (yours)", fraction: " (your fraction of the device)", snapshot: " (the snapshot's)",
+             inferred: " (inferred from the out-of-memory entry)" }[json.cap_source] || "") : "") +
+        ". " + replayVerdict(json.replay) }),
+      el("div", { class: "memlab-scroll" }, [el("table", { class: "memlab-doctor-table" }, [
+        el("thead", {}, [head]), el("tbody", {}, rows)])])]);
+  }
+
+  function breakable(label) {
+    // A setting may break after ':', ',' or '_' on a phone, never inside a word.
+    const code = el("code");
+    label.split(/(?<=[:,_])/).forEach((part, i) => {
+      if (i) code.append(el("wbr"));
+      code.append(document.createTextNode(part));
+    });
+    return code;
+  }
+
+  function replayVerdict(r) {
+    if (r.matches_trace) return "The replay matches the trace exactly.";
+    const m = r.first_mismatch || {};
+    return "The replay stops at trace event " + m.event_index + " (" + m.action + "): " + m.reason +
+           "; the figures cover the events before it.";
+  }
+
+  function timeline(fig, width) {
+    const runs = fig.runs;
+    const h = Math.max(220, Math.min(320, Math.round(width * 0.55)));
+    const m = { l: 56, r: 10, t: 10, b: 40 };
+    const w = width;
+    const top = Math.max(1, ...runs.map((r) => Math.max(...r.reserved, 0))) * 1.05 / MiB;
+    const xmax = Math.max(1, fig.requests);
+    const X = (i) => m.l + (i / xmax) * (w - m.l - m.r);
+    const Y = (b) => h - m.b - (b / MiB / top) * (h - m.t - m.b);
+    const s = svg("svg", { width: w, height: h, viewBox: `0 0 ${w} ${h}`, role: "img", class: "memlab-doctor-svg",
+      "aria-label": "Reserved and allocated memory over the requests, " + runs.map((r) => r.label + ": peak " +
+        formatBytes(r.peak_reserved_bytes)).join("; ") });
+    const ystep = niceStep(top, h < 260 ? 4 : 5);
+    for (let v = 0; v <= top + 1e-9; v += ystep) {
+      s.append(svg("line", { x1: m.l, x2: w - m.r, y1: Y(v * MiB), y2: Y(v * MiB), class: "memlab-doctor-grid" }));
+      s.append(svg("text", { x: m.l - 6, y: Y(v * MiB) + 4, "text-anchor": "end", class: "memlab-doctor-tick" },
+                   v >= 1024 && ystep >= 1024 ? (v / 1024) + " GiB" : sig(v, 6) + (v ? " MiB" : "")));
+    }
+    const xstep = niceStep(xmax, Math.max(2, Math.floor((w - m.l) / 90)));
+    for (let v = 0; v <= xmax; v += xstep) {
+      s.append(svg("text", { x: X(v), y: h - m.b + 16, "text-anchor": "middle", class: "memlab-doctor-tick" },
+                   v.toLocaleString("en")));
+    }
+    s.append(svg("text", { x: m.l + (w - m.l - m.r) / 2, y: h - 6, "text-anchor": "middle", class: "memlab-doctor-axis" },
+                 "request (alloc, free, empty_cache) in trace order"));
+    s.append(svg("line", { x1: m.l, x2: m.l, y1: m.t, y2: h - m.b, class: "memlab-doctor-axisline" }));
+    s.append(svg("line", { x1: m.l, x2: w - m.r, y1: h - m.b, y2: h - m.b, class: "memlab-doctor-axisline" }));
+    runs.forEach((r, k) => {
+      const color = PALETTE[k % PALETTE.length];
+      const pts = (ys) => r.x.map((x, i) => X(x).toFixed(1) + "," + Y(ys[i]).toFixed(1)).join(" ");
+      s.append(svg("polyline", { points: pts(r.allocated), fill: "none", stroke: color, "stroke-width": 1,
+                                 "stroke-dasharray": "4 3", opacity: 0.9 }));
+      // The recorded run drawn wider, under the what-ifs: a what-if that changes nothing lies on it.
+      s.append(svg("polyline", { points: pts(r.reserved), fill: "none", stroke: color, "stroke-width": k ? 1.75 : 4,
+                                 class: "memlab-doctor-reserved" }));
+      for (const i of r.ooms) {
+        s.append(svg("line", { x1: X(i), x2: X(i), y1: h - m.b, y2: h - m.b - 8, stroke: color, "stroke-width": 2 }));
+      }
+    });
+    return s;
+  }
+
+  function legend(fig, json) {
+    const counts = runsOf(json).map((r) => r.oom_events);   // the table's counts, in the same order
+    return el("ul", { class: "memlab-doctor-legend" }, fig.runs.map((r, k) => el("li", {}, [
+      el("span", { class: "memlab-doctor-swatch", style: "background:" + PALETTE[k % PALETTE.length] }),
+      el("code", { text: r.label }),
+      document.createTextNode(" peak " + formatBytes(r.peak_reserved_bytes) +
+        (counts[k] ? ", " + counts[k] + " OOM" + (counts[k] > 1 ? "s" : "") : "")),
+    ])));
+  }
+
+  function segmentMap(d, width) {
+    const segs = d.segments;
+    const rowH = 26, labelW = width < 500 ? 0 : 130, m = { t: 4, b: 4 };
+    const perRow = labelW ? rowH : rowH + 16;
+    const h = m.t + m.b + segs.length * perRow;
+    const widest = Math.max(1, ...segs.map((s) => s.total_size));
+    const span = width - labelW - 4;
+    const s = svg("svg", { width, height: h, viewBox: `0 0 ${width} ${h}`, role: "img", class: "memlab-doctor-svg",
+      "aria-label": "Segments at the recorded run's peak: " + segs.length + " of " + d.segments_total });
+    segs.forEach((seg, row) => {
+      const y = m.t + row * perRow + (labelW ? 0 : 16);
+      const label = seg.pool + " \u00b7 " + formatBytes(seg.total_size, 3) + (seg.expandable ? " \u00b7 expandable" : "");
+      s.append(svg("text", { x: labelW ? labelW - 6 : 0, y: labelW ? y + rowH / 2 + 4 : y - 4,
+                             "text-anchor": labelW ? "end" : "start", class: "memlab-doctor-tick" }, label));
+      let off = 0;
+      for (const b of seg.blocks) {
+        const x = labelW + (off / widest) * span, bw = Math.max(0.5, (b.size / widest) * span);
+        const r = svg("rect", { x: x.toFixed(1), y: y + 2, width: bw.toFixed(1), height: rowH - 6,
+                                fill: STATE_COLORS[b.state] || "#999", stroke: "#fff", "stroke-width": 0.8 });
+        r.append(svg("title", {}, formatBytes(b.size) + " " + (STATE_LABELS[b.state] || b.state)));
+        s.append(r);
+        if (bw > 58) {
+          s.append(svg("text", { x: (x + bw / 2).toFixed(1), y: y + rowH / 2 + 3, "text-anchor": "middle",
+                                 class: "memlab-doctor-blocklabel" + (b.state === "inactive" ? " memlab-doctor-dark" : "") },
+                       formatBytes(b.size, 3)));
+        }
+        off += b.size;
+      }
+    });
+    return s;
+  }
+
+  const TITLES = { suggest: "Suggested settings", suggestions: "Suggested settings", oom: "The out-of-memory error",
+                   oom_explanation: "Why the run ran out of memory", ooms: "The out-of-memory errors" };
+
+  function oomSection(answer) {
+    // The doctor's own sentences (Report.oom_text), and the settings under which the request fits.
+    const o = answer.json.oom;
+    if (!o) return null;
+    const names = (list) => list.length ? list.map((x) => x || "defaults").join(", ") : "none of the settings tried";
+    return el("section", { class: "memlab-doctor-oom", "data-key": "oom" }, [
+      el("h3", { text: "Why the run ran out of memory" }),
+      el("pre", { class: "memlab-doctor-prose", text: answer.oom_text || JSON.stringify(o, null, 1) }),
+      o.fits_under && o.fits_under.length ? el("p", {}, [document.createTextNode("It would have fitted under: "),
+        el("code", { text: names(o.fits_under) })]) : null]);
+  }
+
+  function suggestionSection(json) {
+    const s = json.suggestion;
+    if (!s) return null;
+    const rows = (s.rows || []).slice(0, 10);
+    const rec = (s.recorded || {}).settings;
+    const signed = (b) => (b > 0 ? "−" : b < 0 ? "+" : "") + formatBytes(Math.abs(b));
+    const table = el("div", { class: "memlab-scroll" }, [el("table", { class: "memlab-doctor-table" }, [
+      el("thead", {}, [el("tr", {}, ["setting", "peak reserved", "final reserved", "OOMs", "peak vs yours"].map(
+        (h, i) => el("th", { scope: "col", class: i ? "memlab-num" : "", text: h })))]),
+      el("tbody", {}, rows.map((r) => el("tr", { class: s.best && r.settings === s.best.settings ? "memlab-doctor-best" : "" }, [
+        el("th", { scope: "row" }, [breakable((r.settings || "defaults") + (r.settings === rec ? " (yours)" : ""))]),
+        el("td", { class: "memlab-num", text: formatBytes(r.peak_reserved_bytes) }),
+        el("td", { class: "memlab-num", text: formatBytes(r.final_reserved_bytes) }),
+        el("td", { class: "memlab-num", text: String(r.oom_events) }),
+        el("td", { class: "memlab-num", text: signed(r.saved_bytes) })])))])]);
+    const verdict = s.best && s.alloc_conf
+      ? el("p", {}, [document.createTextNode("Use: "), el("code", { class: "memlab-doctor-conf", text: s.alloc_conf })])
+      : el("p", { text: "No setting of the grid beats the one you ran with (" + (rec || "defaults") + "): keep it." });
+    return el("section", { class: "memlab-doctor-suggestion", "data-key": "suggestion" }, [
+      el("h3", { text: "Suggested setting" }), verdict,
+      el("p", { class: "memlab-doctor-note", text: (s.rows || []).length + " settings replayed, best first" +
+        ((s.rows || []).length > 10 ? " (10 shown; all in the download)" : "") + "." }), table]);
+  }
+
+  function extraSections(json) {
+    // Sections a later --json may add: each shown as given, a list of records as a table, text as text.
+    const known = new Set(["format", "trace_events", "settings", "device_total_bytes", "cap_bytes", "cap_source",
+                           "replay", "what_if", "oom", "suggestion"]);
+    const out = [];
+    for (const [key, value] of Object.entries(json)) {
+      if (known.has(key) || value === null || value === undefined) continue;
+      const box = el("section", { class: "memlab-doctor-extra", "data-key": key }, [
+        el("h3", { text: TITLES[key] || key.charAt(0).toUpperCase() + key.slice(1).replace(/_/g, " ") }),
+        renderValue(value)]);
+      out.push(box);
+    }
+    return out;
+  }
+
+  function renderValue(v) {
+    if (typeof v === "string") return el("p", { text: v });
+    if (Array.isArray(v) && v.length && v.every((r) => r && typeof r === "object" && !Array.isArray(r))) {
+      const cols = [...new Set(v.flatMap((r) => Object.keys(r)))];
+      return el("div", { class: "memlab-scroll" }, [el("table", { class: "memlab-doctor-table" }, [
+        el("thead", {}, [el("tr", {}, cols.map((c) => el("th", { scope: "col", text: c.replace(/_/g, " ") })))]),
+        el("tbody", {}, v.map((r) => el("tr", {}, cols.map((c) => el("td", { text: cell(c, r[c]) })))))])]);
+    }
+    if (v && typeof v === "object" && !Array.isArray(v)) {
+      return el("dl", { class: "memlab-doctor-dl" }, Object.entries(v).flatMap(([k, x]) => [
+        el("dt", { text: k.replace(/_/g, " ") }),
+        el("dd", {}, [typeof x === "object" && x !== null ? renderValue(x) : el("span", { text: cell(k, x) })])]));
+    }
+    return el("pre", { text: JSON.stringify(v, null, 1) });
+  }
+
+  function cell(key, x) {
+    if (typeof x === "number" && /bytes$/.test(key)) return formatBytes(x);
+    if (x === null || x === undefined) return "";
+    return typeof x === "object" ? JSON.stringify(x) : String(x);
+  }
+
+  let lastFigure = null;
+  let lastDetails = null;
+
+  function showResult(answer) {
+    const json = answer.json;
+    const blob = new Blob([answer.json_text], { type: "application/json" });
+    const download = el("a", { href: URL.createObjectURL(blob), download: file.name.replace(/\.[^.]*$/, "") + ".doctor.json",
+                                class: "memlab-doctor-download", text: "Download the result (the command line's --json)" });
+    const cmd = ["python", "-m", "experiments"].concat(answer.argv).map(shellQuote).join(" ");
+    lastFigure = answer.figure;
+    lastDetails = null;
+    const secs = answer.seconds;
+    results.replaceChildren(
+      oomSection(answer) || "",
+      suggestionSection(json) || "",
+      el("h3", { text: "The settings side by side" }),
+      settingsTable(json),
+      el("figure", { class: "memlab-doctor-figure" }, [
+        el("div", { class: "memlab-doctor-plot" }),
+        legend(answer.figure, json),
+        el("figcaption", { text: "Reserved (solid) and allocated (dashed) memory after each request, for every setting; " +
+                                  "ticks on the axis mark requests that ran out of memory." })]),
+      ...extraSections(json),
+      el("p", {}, [download]),
+      el("p", { class: "memlab-doctor-note" }, [document.createTextNode("The same as "), el("code", { text: cmd }),
+        document.createTextNode(" on your machine. Here: replay " + (secs.replay || 0).toFixed(2) + " s" +
+          (secs.what_if.length ? ", what-ifs " + secs.what_if.map((t) => t.toFixed(2) + " s").join(", ") : "") +
+          (secs.grid && secs.grid.length ? ", the suggestion's " + secs.grid.length + " settings " +
+            secs.grid.reduce((a, b) => a + b, 0).toFixed(1) + " s" : "") + ".")]),
+      el("div", { class: "memlab-doctor-details" }, [el("p", { class: "memlab-doctor-note", text: "The report and the segments at the peak follow\u2026" })]),
+    );
+    results.hidden = false;
+    results.dataset.json = answer.json_text;
+    drawPlots();
+  }
+
+  function showDetails(d) {
+    lastDetails = d;
+    const box = results.querySelector(".memlab-doctor-details");
+    box.replaceChildren(
+      el("h3", { text: "The report, as the command line prints it" }),
+      el("pre", { class: "memlab-doctor-report", text: d.text }),
+      el("h3", { text: "Segments at the recorded run's peak" }),
+      el("p", { class: "memlab-doctor-note", text: (d.segments.length < d.segments_total ? d.segments.length + " of " + d.segments_total +
+        " segments: those that live blocks pin first, then the largest. " : "") + "Hover or tap a block for its size." }),
+      el("div", { class: "memlab-doctor-segmap" }),
+      el("ul", { class: "memlab-doctor-legend" }, Object.keys(STATE_COLORS).map((k) => el("li", {}, [
+        el("span", { class: "memlab-doctor-swatch", style: "background:" + STATE_COLORS[k] }), document.createTextNode(STATE_LABELS[k])]))));
+    drawPlots();
+  }
+
+  function drawPlots() {
+    const plot = results.querySelector(".memlab-doctor-plot");
+    if (plot && lastFigure) plot.replaceChildren(timeline(lastFigure, Math.max(280, plot.clientWidth)));
+    const seg = results.querySelector(".memlab-doctor-segmap");
+    if (seg && lastDetails && lastDetails.segments.length) seg.replaceChildren(segmentMap(lastDetails, Math.max(280, seg.clientWidth)));
+  }
+
+  let resizeTimer = null;
+  window.addEventListener("resize", () => {
+    clearTimeout(resizeTimer);
+    resizeTimer = setTimeout(drawPlots, 150);
+  });
+
+  // ------------------------------------------------------------------ events
+
+  function choose(f) {
+    if (!f) return;
+    file = f;
+    drop.querySelector(".memlab-doctor-drop-title").textContent = f.name + " (" + megabytes(f.size) + ")";
+    runButton.disabled = busy;
+    run();
+  }
+
+  fileInput.addEventListener("change", () => {
+    choose(fileInput.files[0]);
+    fileInput.value = "";  // picking the same file again (after changing it on disk) runs again
+  });
+  drop.addEventListener("click", (e) => { if (e.target === drop || e.target.tagName === "P") fileInput.click(); });
+  drop.addEventListener("keydown", (e) => { if (e.key === "Enter" || e.key === " ") { e.preventDefault(); fileInput.click(); } });
+  drop.addEventListener("dragover", (e) => { e.preventDefault(); drop.classList.add("memlab-doctor-over"); });
+  drop.addEventListener("dragleave", () => drop.classList.remove("memlab-doctor-over"));
+  drop.addEventListener("drop", (e) => {
+    e.preventDefault();
+    drop.classList.remove("memlab-doctor-over");
+    choose(e.dataTransfer.files[0]);
+  });
+  runButton.addEventListener("click", run);
+  stopButton.addEventListener("click", () => {
+    if (worker) worker.terminate();
+    worker = null;
+    setBusy(false);
+    errorBox.textContent = "Stopped. Python is loaded again at the next run.";
+    errorBox.hidden = false;
+  });
+})();
