@@ -114,18 +114,20 @@ class Requests:
         # the trace event of each key from ``first`` on: the 'alloc' events, in order
         if self._pos is None:
             ev = self._events
-            self._pos = array("q", [m.start() for m in re.finditer(_ALLOC_CODE, ev.codes.tobytes())]
-                              if ev is not None else [])
+            # filled from a generator: a list would hold an int object (36 bytes) per 'alloc' at once
+            self._pos = array("q", (m.start() for m in re.finditer(_ALLOC_CODE, ev.codes.tobytes()))
+                              if ev is not None else ())
         return self._pos
 
     def sizes_streams(self) -> tuple[Any, Any]:
         """(bytes, stream) of every block key, as two arrays indexed by key."""
         if self._sizes is None:
             pos, ev = self._alloc_pos(), self._events
-            pad = [0] * self.first
+            pad = bytes(8 * self.first)
             sizes, streams = (ev.sizes, ev.streams) if ev is not None else ((), ())
-            self._sizes = array("q", pad + [sizes[p] for p in pos])
-            self._streams = array("q", pad + [streams[p] for p in pos])
+            self._sizes, self._streams = array("q", pad), array("q", pad)
+            self._sizes.extend(sizes[p] for p in pos)
+            self._streams.extend(streams[p] for p in pos)
         return self._sizes, self._streams
 
     def last_pool(self, stream: int) -> tuple[int, int]:
