@@ -89,6 +89,7 @@ class _Replayer(PoolChoices):
         self.peak_reserved, self.peak_event = -1, 0
         self.segment_log: list[tuple[str, int, int]] = []   # the driver's view: cudaMalloc / cudaFree / new range
         self.stop_at: int | None = None
+        self.at: int | None = None           # the trace event of the request being placed (slow paths)
         self.n_initial = 0
         self.series = True                   # keep the bytes after every request (the peaks are kept either way)
         self.expandable = trace.config.expandable_segments
@@ -422,6 +423,7 @@ class _Replayer(PoolChoices):
 
     def _alloc(self, i: int, buf: list[int], survives: list[bool]) -> None:
         eng, ev = self.engine, self.trace.events
+        self.at = i
         _, addr, size, stream = ev[i]
         creates = [j for j in buf if ev[j][0] in (SEG_ALLOC, SEG_MAP)]
         frees = [j for j in buf if ev[j][0] in (SEG_FREE, SEG_UNMAP)]
@@ -504,6 +506,7 @@ class _Replayer(PoolChoices):
     def _oom(self, i: int, buf: list[int], size: int, stream: int) -> None:
         eng = self.engine
         eng.address_hook = None
+        self.at = i
         pool = self._stream_pool(stream)
         self._mark_freeable([j for j in buf if self.trace.events[j][0] in (SEG_FREE, SEG_UNMAP)])
         try:

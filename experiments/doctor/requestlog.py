@@ -130,18 +130,28 @@ class Requests:
             self._streams.extend(streams[p] for p in pos)
         return self._sizes, self._streams
 
-    def last_pool(self, stream: int) -> tuple[int, int]:
-        """The pool of the last R_ALLOC / R_RESTORE on ``stream`` (the default pool if none)."""
-        if self._sizes is None and self._events is not None:
-            pos, streams, first = self._alloc_pos(), self._events.streams, self.first
-        else:
-            pos, streams, first = None, self._streams, 0
-        for x in reversed(self.data):
+    def last_pool(self, stream: int, end: int | None = None) -> tuple[int, int]:
+        """The pool of the last R_ALLOC / R_RESTORE on ``stream`` (the default pool if none).
+        ``end``: for a replay's log, the trace event being replayed (every 'alloc' before it
+        has made its request), so that the walk back reads the trace from there."""
+        pools, data = self.pools, self.data
+        if self._sizes is None and self._events is not None and end is not None:
+            # walk back over the requests and the trace's 'alloc' events together
+            codes, evstreams, j = self._events.codes, self._events.streams, end
+            for x in reversed(data):
+                kind = x & 7
+                if kind == R_ALLOC or kind == R_RESTORE:
+                    j -= 1
+                    while codes[j] != ALLOC:
+                        j -= 1
+                    if evstreams[j] == stream:
+                        return pools[(x >> POOL_SHIFT) & POOL_MASK]
+            return DEFAULT_POOL
+        streams = self.sizes_streams()[1]
+        for x in reversed(data):
             kind = x & 7
-            if kind == R_ALLOC or kind == R_RESTORE:
-                key = x >> KEY_SHIFT
-                if (streams[key] if pos is None else streams[pos[key - first]]) == stream:
-                    return self.pools[(x >> POOL_SHIFT) & POOL_MASK]
+            if (kind == R_ALLOC or kind == R_RESTORE) and streams[x >> KEY_SHIFT] == stream:
+                return pools[(x >> POOL_SHIFT) & POOL_MASK]
         return DEFAULT_POOL
 
     def without(self, kind: int) -> "Requests":
