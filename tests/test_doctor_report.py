@@ -252,6 +252,54 @@ def test_a_what_if_that_is_not_exact_reads_as_a_range_in_text_json_and_suggest()
             assert f"between {format_bytes(a)} and {format_bytes(b)}" in text
 
 
+def test_what_ifs_whose_alternatives_all_agree_are_one_line_not_one_each():
+    """gc_ages (alloc.doctor_cases, recorded on the H200) under --suggest: several settings are
+    not exact only because the driver's address order is the doctor's guess, and the opposite
+    order gave the same figures. Each shows its figure once, and the report says so in one
+    line, not one line per setting; settings whose figures do differ keep a line of their own."""
+    rep = doctor(ROOT / "benchmarks" / "data" / "doctor_cases" / "gc_ages.pickle.gz",
+                 what_if=["expandable_segments:True"], suggest=True, workers=1)
+    shown = rep.to_json()["suggestion"]["rows"][:10]
+    same = [r for r in shown if r["exact"] is False and r["bound_bytes"] == 0]
+    assert len(same) >= 2      # the case the test is about (4 under torch 2.11's recording)
+    text = rep.text()
+    lines = text.splitlines()
+    assert sum("every alternative" in line for line in lines) <= 2     # the what-ifs' block and the suggestion's
+    assert not [line for line in lines if "not exact" in line and "same figures" in line]
+    rows = {line.split()[0]: line for line in lines[lines.index("suggestion:"):] if line.startswith("  ")}
+    for r in same:
+        assert "between" not in rows[r["settings"]]
+    sug = lines[lines.index("suggestion:"):]
+    note = next(line for line in sug if "every alternative" in line)
+    reasons = {u for r in same for u in r["uncertain"]}
+    assert f"{len(same)} what-ifs" in note and (reasons != {"driver address order"} or "address order" in note)
+    assert not [line for line in sug if "off by up to" in line]     # none differ here
+
+
+def test_what_ifs_off_by_the_same_bound_for_the_same_reasons_share_a_line():
+    """kv_two_streams (record_stream on two streams, recorded on the H200): every setting of the
+    grid depends on the GPU's completion points; those off by the same bound for the same
+    reasons are one line, counted, and each row keeps its own range."""
+    from experiments.core.units import format_bytes
+
+    rep = doctor(ROOT / "benchmarks" / "data" / "doctor_cases" / "kv_two_streams.pickle.gz", suggest=True,
+                 workers=1)
+    shown = [r for r in rep.to_json()["suggestion"]["rows"][:10] if r["exact"] is False and r["bound_bytes"]]
+    groups = {(tuple(r["uncertain"]), r["bound_bytes"]) for r in shown}
+    assert len(shown) > len(groups)
+    lines = rep.text().splitlines()
+    notes = [line for line in lines if "off by up to" in line]
+    assert len(notes) == len(groups)
+    for why, bound in groups:
+        n = sum((tuple(r["uncertain"]), r["bound_bytes"]) == (why, bound) for r in shown)
+        assert any(f"not exact ({', '.join(why)}); peak and final reserved may be off by up to {format_bytes(bound)}"
+                   in line and (n == 1 or f"{n} what-ifs" in line) for line in notes)
+    for r in shown:
+        a, b = r["peak_reserved_range_bytes"]
+        assert any(line.strip().startswith(r["settings"] + " ") and f"between {format_bytes(a)} and {format_bytes(b)}"
+                   in line for line in lines)
+
+
 def test_without_the_cap_the_suggestion_claims_no_fewer_out_of_memory_errors():
     """mempools_two_capped ran out of memory under a cap (set_per_process_memory_fraction) its
     snapshot does not record: the grid runs without a cap, where nothing can run out of memory,

@@ -20,7 +20,7 @@ import time
 from typing import Any, Callable
 
 from .engine import DEFAULT_POOL
-from .run import R_ALLOC, R_RESTORE, _addresses
+from .run import _addresses
 from .trace import SEG_MAP
 
 NEW = (-1, -1)           # a choice of "a private pool the trace has not shown yet"
@@ -87,7 +87,8 @@ def alternatives(once: Callable[[dict], Any], decisions: list) -> list[list[tupl
 class PoolChoices:
     """The replay's side of the choices: which pools a request that made a new segment could
     have come from (the replayer, :class:`experiments.doctor.replay._Replayer`, has ``engine``,
-    ``requests``, ``private``, ``forced``, ``decisions``, ``inferred`` and its segment table)."""
+    ``requests``, ``at`` (the trace event being replayed), ``private``, ``forced``,
+    ``decisions``, ``inferred`` and its segment table)."""
 
     def _choose_pool(self, i: int, size: int, stream: int, small: bool, code: int) -> tuple[int, int]:
         """The pool of a request that made a new segment or range the final state does not name.
@@ -119,10 +120,7 @@ class PoolChoices:
     def _stream_pool(self, stream: int) -> tuple[int, int]:
         # the pool of the stream's last request (a stream keeps its pool while a MemPool or a
         # capture routes it); looked up only where a choice is made, off the fast path
-        for q in reversed(self.requests):
-            if (q[0] == R_ALLOC or q[0] == R_RESTORE) and q[3] == stream:
-                return q[4]
-        return DEFAULT_POOL
+        return self.requests.last_pool(stream, self.at)
 
     def _could_serve(self, pool: tuple[int, int], size: int, stream: int, small: bool, code: int) -> bool:
         eng = self.engine

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from .replay import R_RETRY, Run, replay
+from .requestlog import as_requests
 from .rules import get_allocation_size, get_pool, round_size
 from .trace import OOM, SEG_FREE, SEG_UNMAP, Trace
 
@@ -133,12 +134,8 @@ def _retry_index(trace: Trace, base: Run, j: int) -> int | None:
     """The index in the replay's requests of the request that failed at trace event ``j``: the
     replay keeps one R_RETRY request per 'oom' entry, in order."""
     nth = trace.events.codes[:j].count(OOM)
-    for k, r in enumerate(base.requests):
-        if r[0] == R_RETRY:
-            if nth == 0:
-                return k
-            nth -= 1
-    return None
+    retries = as_requests(base.requests).indices(R_RETRY)
+    return retries[nth] if nth < len(retries) else None
 
 
 __all__ = ["explain", "first_oom", "infer_cap", "your_frame"]

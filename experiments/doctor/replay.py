@@ -34,6 +34,7 @@ from typing import Any, Sequence
 from .attribution import PoolChoices, alternatives, search
 from .engine import DEFAULT_POOL, Engine, EngineOutOfMemory
 from .loader import ImpossibleTraceError
+from .requestlog import KEY_SHIFT, Requests
 from .run import (R_ALLOC, R_EMPTY, R_FREE_DONE, R_FREE_REQ, R_FREEABLE, R_RESTORE, R_RETRY,  # noqa: F401
                   Run, _finish, _no_gc)
 from .rules import SMALL_SIZE, get_allocation_size
@@ -77,7 +78,7 @@ class _Replayer(PoolChoices):
         self.pending: dict[int, Any] = {}    # addr -> engine block (freed, not completed)
         self.keys: dict[int, int] = {}       # addr -> request key
         self.next_key = 0
-        self.requests: list[tuple] = []
+        self.requests = Requests(trace.events)
         self.trace_reserved = 0
         self.private: list[tuple[int, int]] = []            # private pools seen, oldest first
         self.inferred = 0
@@ -88,6 +89,7 @@ class _Replayer(PoolChoices):
         self.peak_reserved, self.peak_event = -1, 0
         self.segment_log: list[tuple[str, int, int]] = []   # the driver's view: cudaMalloc / cudaFree / new range
         self.stop_at: int | None = None
+        self.at: int | None = None           # the trace event of the request being placed (slow paths)
         self.n_initial = 0
         self.series = True                   # keep the bytes after every request (the peaks are kept either way)
         self.expandable = trace.config.expandable_segments
@@ -128,6 +130,7 @@ class _Replayer(PoolChoices):
             seeded.append((self.next_key, blk.requested, stream, pool))
             self.next_key += 1
         self.n_initial = len(seeded)
+        self.requests.first = self.n_initial
         if state.unsupported:
             raise _Mismatch(0, "alloc", state.unsupported)
         return seeded
@@ -151,6 +154,7 @@ class _Replayer(PoolChoices):
                 alive.discard(addr)
         buf: list[int] = []                  # indices of segment events since the last request
         reqs = self.requests
+        put = reqs.data.append
         series = self.series
         peak_a, peak_r, peak_k = 0, -1, 0     # the peaks after a request, and which request
         alloc_a, res_a = run.allocated, run.reserved
@@ -172,7 +176,7 @@ class _Replayer(PoolChoices):
                         self._unknown_block(i, "free_requested", addr)
                     free_req(blk)
                     pending[addr] = blk
-                    reqs.append((R_FREE_REQ, keys[addr]))
+                    put(R_FREE_REQ | keys[addr] << KEY_SHIFT)
                     if series:
                         put_a(eng.allocated_bytes)
                         put_r(eng.reserved_bytes)
@@ -184,7 +188,7 @@ class _Replayer(PoolChoices):
                     if blk is None:
                         self._unknown_block(i, "free_completed", addr)
                     free_done(blk)
-                    reqs.append((R_FREE_DONE, keys.pop(addr)))
+                    put(R_FREE_DONE | keys.pop(addr) << KEY_SHIFT)
                     if series:
                         put_a(eng.allocated_bytes)
                         put_r(eng.reserved_bytes)
@@ -227,7 +231,10 @@ class _Replayer(PoolChoices):
                         key = self.next_key
                         keys[addr] = key
                         self.next_key = key + 1
-                        reqs.append((R_ALLOC, key, size, stream, pool))
+                        if pool is DEFAULT_POOL:
+                            put(key << KEY_SHIFT)          # R_ALLOC in pool 0, the default
+                        else:
+                            reqs.add_alloc(R_ALLOC, key, pool)
                 elif code <= SEG_UNMAP:
                     buf.append(i)
                     self.trace_reserved += size if code == SEG_ALLOC or code == SEG_MAP else -size
@@ -348,7 +355,7 @@ class _Replayer(PoolChoices):
         new = sorted(p for p in self._segment_pools(idx) if p != DEFAULT_POOL and p not in eng.freeable)
         if new:
             eng.freeable.update(new)
-            self.requests.append((R_FREEABLE, tuple(new)))
+            self.requests.add_extra((R_FREEABLE, tuple(new)))
 
     def _release_events(self, blocks: list) -> list[tuple[int, int, int]]:
         out = []
@@ -381,7 +388,7 @@ class _Replayer(PoolChoices):
             if self._release_events(eng.release_cached_plan(DEFAULT_POOL)) != expected:
                 pool_id = next(iter(pools))
         eng.empty_cache(pool_id)
-        self.requests.append((R_EMPTY, pool_id))
+        self.requests.add_empty(pool_id)
         self._compare(buf[0], "empty_cache (inferred)", buf, eng.events)
         self._drop_ranges()
         buf.clear()
@@ -416,6 +423,7 @@ class _Replayer(PoolChoices):
 
     def _alloc(self, i: int, buf: list[int], survives: list[bool]) -> None:
         eng, ev = self.engine, self.trace.events
+        self.at = i
         _, addr, size, stream = ev[i]
         creates = [j for j in buf if ev[j][0] in (SEG_ALLOC, SEG_MAP)]
         frees = [j for j in buf if ev[j][0] in (SEG_FREE, SEG_UNMAP)]
@@ -483,7 +491,7 @@ class _Replayer(PoolChoices):
             raise _Mismatch(i, "alloc", "the block is not where the GPU put it", addr, blk.addr)
         self.live[addr] = blk
         self.keys[addr] = self.next_key
-        self.requests.append((R_ALLOC, self.next_key, size, stream, pool))
+        self.requests.add_alloc(R_ALLOC, self.next_key, pool)
         self.next_key += 1
 
     def _restore(self, i: int, addr: int, size: int, stream: int, pool: tuple[int, int]) -> None:
@@ -491,13 +499,14 @@ class _Replayer(PoolChoices):
         blk = self.engine.alloc_checkpointed_block(addr, size, stream, pool)
         self.live[addr] = blk
         self.keys[addr] = self.next_key
-        self.requests.append((R_RESTORE, self.next_key, size, stream, pool))
+        self.requests.add_alloc(R_RESTORE, self.next_key, pool)
         self.next_key += 1
         self.restores += 1
 
     def _oom(self, i: int, buf: list[int], size: int, stream: int) -> None:
         eng = self.engine
         eng.address_hook = None
+        self.at = i
         pool = self._stream_pool(stream)
         self._mark_freeable([j for j in buf if self.trace.events[j][0] in (SEG_FREE, SEG_UNMAP)])
         try:
@@ -507,7 +516,7 @@ class _Replayer(PoolChoices):
             self._drop_ranges()
             buf.clear()
             self._check_reserved(i, "oom")
-            self.requests.append((R_RETRY, size, stream, pool))
+            self.requests.add_extra((R_RETRY, size, stream, pool))
             return
         raise _Mismatch(i, "oom", "the GPU ran out of memory here but the model did not "
                         "(the cap is unknown: pass --cap BYTES)")

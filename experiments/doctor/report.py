@@ -88,14 +88,30 @@ def _ooms(x: Mapping[str, Any]) -> str:
 
 
 def _uncertain_lines(rows: Sequence[Mapping[str, Any]], label: str = "settings") -> list[str]:
-    """One line per what-if that is not exact: why, and by how much it may be off."""
-    out = []
+    """Why the what-ifs that are not exact may be off, and by how much: one line for the
+    settings that share their reasons and bound; one line for all those whose alternatives
+    all gave the same figures (the table shows those figures once)."""
+    off: dict[tuple[str, int], list[str]] = {}
+    same: dict[str, int] = {}
     for x in rows:
         if x.get("exact") is False:
             why = ", ".join(x.get("uncertain") or ["?"])
-            out.append(f"{x[label] or 'defaults'}: not exact ({why}); " +
-                       (f"peak and final reserved may be off by up to {format_bytes(x['bound_bytes'])}"
-                        if x.get("bound_bytes") else "every alternative the doctor ran gave the same figures"))
+            if x.get("bound_bytes"):
+                off.setdefault((why, x["bound_bytes"]), []).append(x[label] or "defaults")
+            else:
+                same[why] = same.get(why, 0) + 1
+    # several settings: counted, not named (their names hold commas; their rows show the ranges)
+    out = [(names[0] + ":" if len(names) == 1 else f"{len(names)} what-ifs") +
+           f" not exact ({why}); peak and final reserved may be off by up to {format_bytes(b)}"
+           for (why, b), names in off.items()]
+    if same:
+        n = sum(same.values())
+        what = (f"{n} what-if{'s' if n > 1 else ''} " +
+                ("assume" if n > 1 else "assumes") + " the driver's address order"
+                if set(same) == {"driver address order"} else
+                f"{n} what-if{'s' if n > 1 else ''} not exact (" +
+                "; ".join(f"{why}: {k}" if len(same) > 1 else why for why, k in same.items()) + ")")
+        out.append(what + "; every alternative the doctor ran gave the same figures")
     return out
 
 

@@ -464,21 +464,25 @@ def starting_state(trace: Trace, engine: Any) -> StartState:
     live_blocks: set[int] = set()
     init_segs: dict[int, tuple[int, int]] = {}
     init_blocks: dict[int, tuple[int, int]] = {}
-    for code, addr, size, stream in ev:
-        if code == SEG_ALLOC:
+    # one pass over every event, the block events first (most are): sizes and streams are
+    # read only for the few that existed before the recording
+    add_block, drop_block = live_blocks.add, live_blocks.discard
+    sizes, streams = ev.sizes, ev.streams
+    for code, addr, i in zip(ev.codes, ev.addrs, range(len(ev))):
+        if code == ALLOC:
+            add_block(addr)
+        elif code == FREE_REQ:
+            if addr not in live_blocks:
+                init_blocks.setdefault(addr, (sizes[i], streams[i]))
+                add_block(addr)
+        elif code == FREE_DONE:
+            drop_block(addr)
+        elif code == SEG_ALLOC:
             live_segs.add(addr)
         elif code == SEG_FREE:
             if addr not in live_segs:
-                init_segs.setdefault(addr, (size, stream))
+                init_segs.setdefault(addr, (sizes[i], streams[i]))
             live_segs.discard(addr)
-        elif code == ALLOC:
-            live_blocks.add(addr)
-        elif code == FREE_REQ:
-            if addr not in live_blocks:
-                init_blocks.setdefault(addr, (size, stream))
-                live_blocks.add(addr)
-        elif code == FREE_DONE:
-            live_blocks.discard(addr)
     final_blocks = {}
     for s in trace.segments:
         if not s["is_expandable"] and s["address"] not in live_segs and s["address"] not in init_segs:

@@ -10,12 +10,14 @@ difference on, addresses of its own. A request that does not fit is counted and 
 """
 from __future__ import annotations
 
+import copy
 from typing import Any, Sequence
 
 from .engine import Engine, EngineOutOfMemory
 from .loader import InputError
 from .replay import (R_ALLOC, R_EMPTY, R_FREE_DONE, R_FREE_REQ, R_FREEABLE, R_RESTORE, R_RETRY, Run, _finish,
                      _no_gc)
+from .requestlog import KEY_SHIFT, POOL_MASK, POOL_SHIFT, Requests, as_requests
 from .rules import LARGE_BUFFER as LARGE_PAGE, SMALL_BUFFER, AllocatorConfig, get_allocation_size
 
 
@@ -60,6 +62,9 @@ def what_if(base: Run, config: AllocatorConfig, settings: str, *, cap_bytes: int
         many requests, e.g. to read the layout at the peak).
     """
     with _no_gc():
+        if not isinstance(base.requests, Requests):   # a list of request tuples, made by hand
+            base = copy.copy(base)
+            base.requests = as_requests(base.requests)
         run, eng = _run_requests(base, base.requests, config, settings, cap_bytes, total_memory, stop_at,
                                  series=series)
         if stop_at is None:
@@ -77,7 +82,7 @@ def _certainty(run: Run, eng: Engine, base: Run, config: AllocatorConfig, settin
     attribution = 0
     if base.alternatives:
         uncertain.append("pool attribution")
-        others += [_run_requests(base, reqs, config, settings, cap_bytes, total_memory, None)[0]
+        others += [_run_requests(base, as_requests(reqs), config, settings, cap_bytes, total_memory, None)[0]
                    for reqs in base.alternatives]
         # requests of a pool the trace leaves open share, or do not share, cached blocks with
         # another pool's: at most the bytes they held at once, rounded up to a large page
@@ -88,7 +93,7 @@ def _certainty(run: Run, eng: Engine, base: Run, config: AllocatorConfig, settin
                                     address_order="up")[0])
     if base.restores:
         uncertain.append("pool checkpoint restores")
-        others.append(_run_requests(base, [r for r in base.requests if r[0] != R_RESTORE], config, settings,
+        others.append(_run_requests(base, base.requests.without(R_RESTORE), config, settings,
                                     cap_bytes, total_memory, None)[0])
     if getattr(run, "_retries_fit", 0):
         # it failed on the GPU, so the trace does not say how long the program would have kept it
@@ -142,7 +147,7 @@ class _DriverSync:
         return None
 
 
-def _run_requests(base: Run, requests: Sequence[tuple], config: AllocatorConfig, settings: str,
+def _run_requests(base: Run, requests: Requests, config: AllocatorConfig, settings: str,
                   cap_bytes: int | None, total_memory: int, stop_at: int | None,
                   address_order: str = "down", keep_retries: bool = False,
                   series: bool = False) -> tuple[Run, Engine]:
@@ -168,34 +173,40 @@ def _run_requests(base: Run, requests: Sequence[tuple], config: AllocatorConfig,
     timing = retries_fit = 0
     open_keys, open_live, open_peak = base.open_keys, 0, 0
     k = -1
-    for k, r in enumerate(requests if stop_at is None else requests[:max(stop_at, 0)]):
-        kind = r[0]
+    sizes, streams = requests.sizes_streams()
+    pools, extras = requests.pools, requests.extras
+    data = requests.data if stop_at is None else requests.data[:max(stop_at, 0)]
+    for k, x in enumerate(data):
+        kind = x & 7
         if eng.pending_count and (kind == R_ALLOC or kind == R_RESTORE or kind == R_RETRY):
             timing = max(timing, _pending_bound(eng))
         if kind == R_ALLOC or kind == R_RESTORE:
+            key = x >> KEY_SHIFT
             try:
-                blocks[r[1]] = b = malloc(r[2], r[3], r[4])
-                if open_keys and r[1] in open_keys:
+                blocks[key] = b = malloc(sizes[key], streams[key], pools[(x >> POOL_SHIFT) & POOL_MASK])
+                if open_keys and key in open_keys:
                     open_live += b.size
                     open_peak = max(open_peak, open_live)
             except EngineOutOfMemory:
-                run.oom_requests.append((k, r[2]))
+                run.oom_requests.append((k, sizes[key]))
         elif kind == R_FREE_REQ:
-            b = blocks.get(r[1])
+            key = x >> KEY_SHIFT
+            b = blocks.get(key)
             if b is not None:
                 free_req(b)
-                if open_keys and r[1] in open_keys:
+                if open_keys and key in open_keys:
                     open_live -= b.size
         elif kind == R_FREE_DONE:
-            b = blocks.pop(r[1], None)
+            b = blocks.pop(x >> KEY_SHIFT, None)
             # a sync of this what-if's own out-of-memory path may have completed it already
             if b is not None and is_pending(b):
                 free_done(b)
         elif kind == R_EMPTY:
-            empty(r[1])
+            empty(pools[(x >> POOL_SHIFT) & POOL_MASK])
         elif kind == R_FREEABLE:
-            eng.freeable.update(r[1])
+            eng.freeable.update(extras[k][1])
         elif kind == R_RETRY:  # a request that failed on the GPU: try it, and drop it at once if it fits
+            r = extras[k]
             try:
                 b = malloc(r[1], r[2], r[3])
                 retries_fit += 1
