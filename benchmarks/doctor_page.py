@@ -11,8 +11,7 @@ Prints, for a built book (``make book`` writes _build/html):
   (expandable_segments:True and --suggest's grid): the first time, then with Pyodide in the
   browser's cache (median of ``--repeats``); target 5 s cached on the 2-core machine;
 - the time per what-if on a large snapshot: ``--large PATH`` (a reader's pickle), by default the
-  lab's 450k-event eager loop where it is recorded, else a 450,000-event synthetic one
-  (benchmarks/doctor_replay.py's trace, no frames); target 12 s.
+  lab's real 450k-event eager loop (benchmarks/data/doctor_cases/eager_long.pickle.gz); target 12 s.
 
 Usage: python benchmarks/doctor_page.py [--site DIR] [--compare DIR] [--large PATH] [--repeats N]
 """
@@ -132,7 +131,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--site", type=Path, default=ROOT / "_build" / "html")
     ap.add_argument("--compare", type=Path, help="another built html folder (before this page)")
-    ap.add_argument("--large", type=Path, help="a large snapshot pickle (default: 450k synthetic events)")
+    ap.add_argument("--large", type=Path, help="a large snapshot pickle (default: the lab's real 450k-event trace)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--skip-speed", action="store_true")
     a = ap.parse_args()

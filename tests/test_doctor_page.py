@@ -586,38 +586,14 @@ def test_without_the_memory_snapshot_python_starts_the_plain_way_and_new_section
         context.close()
 
 
-def _no_frames_pickle(path: Path, events: int) -> None:
-    """A _dump_snapshot-style pickle of ``events`` trace events (recorded with context=None),
-    from the synthetic trace of benchmarks/doctor_replay.py (the engine's own run)."""
-    import importlib.util
-
-    from experiments.doctor.trace import ACTIONS
-
-    spec = importlib.util.spec_from_file_location("doctor_replay_bench", ROOT / "benchmarks" / "doctor_replay.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    trace = bench.synthetic_trace(events, 300, seed=2)
-    entries = [{"action": ACTIONS[c], "addr": a, "size": n, "stream": st, "time_us": 0} for c, a, n, st in trace.events]
-    segs = [{"device": 0, "address": s["address"], "total_size": s["total_size"], "stream": s["stream"],
-             "segment_type": s["pool"], "segment_pool_id": (0, 0), "is_expandable": False,
-             "blocks": [{"address": a, "size": n, "requested_size": r, "state": st} for a, n, r, st in s["blocks"]]}
-            for s in trace.segments]
-    snap = {"segments": segs, "device_traces": [entries],
-            "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": "", "max_split_size": -1}}
-    path.write_bytes(pickle.dumps(snap, protocol=5))
+LONG_TRACE = ROOT / "benchmarks" / "data" / "doctor_cases" / "eager_long.pickle.gz"
 
 
 def long_snapshot(folder: Path) -> Path:
-    """The lab's real 450k-event trace (the eager training loop of alloc.doctor_cases, gzip'd
-    pickle) where it has been recorded, else a synthetic one of 450,000 events."""
-    from experiments.allocator.doctor_gpu import long_trace_path
-
-    real = Path(long_trace_path())
-    if real.exists():
-        return real
-    path = folder / "synthetic_450k.pickle"
-    _no_frames_pickle(path, 450_000)
-    return path
+    """The lab's real 450k-event trace: the eager training loop of alloc.doctor_cases, recorded
+    on the H200 (gzip'd pickle, kept in the repository where recording writes it)."""
+    assert LONG_TRACE.exists(), f"{LONG_TRACE} is missing: `python -m experiments record --experiment alloc.doctor_cases` writes it"
+    return LONG_TRACE
 
 
 WHAT_IF_LIMIT_S = 12.0   # per what-if on the 450k-event snapshot, chromium on the 2-core machine (about 4 s when it is not shared)
