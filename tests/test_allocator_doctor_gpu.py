@@ -99,5 +99,16 @@ def test_chapter_1_runs_live_in_60_seconds():
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-    print(f"chapter 1 live: {elapsed:.1f} s")
+    print(f"chapter 1 live: {elapsed:.1f} s; slowest cells:")
+    from datetime import datetime
+
+    def seconds(cell):  # nbclient stamps each cell's start and end (record_timing)
+        t = cell.get("metadata", {}).get("execution", {})
+        if "iopub.execute_input" not in t or "shell.execute_reply" not in t:
+            return 0.0
+        stamp = [datetime.fromisoformat(t[k].replace("Z", "+00:00")) for k in ("iopub.execute_input", "shell.execute_reply")]
+        return (stamp[1] - stamp[0]).total_seconds()
+
+    for cell in sorted(nb.cells, key=seconds, reverse=True)[:8]:
+        print(f"  {seconds(cell):5.1f} s  {cell.source.splitlines()[0][:80] if cell.source else ''}")
     assert elapsed <= 60, f"chapter 1 took {elapsed:.1f} s live (goal 60 s)"
