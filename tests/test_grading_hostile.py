@@ -478,8 +478,11 @@ def hostile(tmp_path_factory):
 
     child_env = {k: v for k, v in os.environ.items() if k not in ("CUDA_MEMLAB_MODE",)}
     child_env.update(HOME=str(home), **{SECRET_ENV: SECRET})
-    wrapper = ("import resource, sys\nfrom experiments.core.cli import main\nrc = main(sys.argv[1:])\n"
-               "print('MAXRSS_KB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\n"
+    # VmHWM, not ru_maxrss: execve keeps the forking process's peak in ru_maxrss, so inside a long
+    # test session it reported pytest's memory (626 MB in one run), not the grader's.
+    wrapper = ("import sys\nfrom experiments.core.cli import main\nrc = main(sys.argv[1:])\n"
+               "print('MAXRSS_KB', next(l for l in open('/proc/self/status') if l.startswith('VmHWM:')).split()[1],\n"
+               "      file=sys.stderr)\n"
                "sys.exit(rc)\n")
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", wrapper, "grade", str(klass), "--out", str(env["csv"]),

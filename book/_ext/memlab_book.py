@@ -23,7 +23,8 @@
   output (a "Show the answer" fold, a measurement after a check), with a note in its place;
   with ``points: [{param: value}, ...]`` as well, only the explorer views at those points
   are withheld (an explorer above an exercise whose answer is one of its settings). The
-  Colab set-up cell, which names the repository, is left out of the student pages.
+  Colab set-up cell, which names the repository, is left out of the student pages, and so is
+  a code block marked ``:class: memlab-names-repository`` (the doctor page's install line).
 """
 from __future__ import annotations
 
@@ -107,6 +108,11 @@ def _withhold_answers(app, doctree):
         return
     from docutils import nodes
 
+    # an install line that names the repository (``:class: memlab-names-repository``), which
+    # holds the full book and its solutions
+    for block in list(doctree.findall(nodes.literal_block)):
+        if "memlab-names-repository" in block.get("classes", []):
+            block.parent.remove(block)
     for cell in list(doctree.findall(nodes.container)):
         if cell.get("nb_element") != "cell_code":
             continue
