@@ -111,6 +111,16 @@ def test_both_menus_open_by_a_real_tap(visit, page, width):
         assert any(a.is_visible() for a in links), f"the {which} menu opened empty at {width} px"
 
 
+@pytest.mark.parametrize("width", [390, 991, 1280])
+def test_a_page_opens_on_the_book_not_on_an_empty_band_or_a_second_search_box(visit, width):
+    """pydata-sphinx-theme 0.17's header bar showed a 64 px band above the book from 992 px,
+    holding a second search box (and nothing at 960-991 px)."""
+    v = visit("book/ch2_cross_stream.html", {"width": width, "height": 900})
+    band = v.page.evaluate("() => document.querySelector('header.bd-header')?.getBoundingClientRect().height || 0")
+    boxes = [b for b in v.page.locator("button.search-button-field").all() if b.is_visible()]
+    assert band == 0 and len(boxes) <= 1, (band, len(boxes))
+
+
 @pytest.mark.parametrize("page", PAGES)
 def test_no_page_is_wider_than_a_phone(visit, page):
     v = visit(f"book/{page}.html", {"width": 390, "height": 844}, touch=True)
