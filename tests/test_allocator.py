@@ -5,6 +5,7 @@ import copy
 import math
 import pickle
 import re
+import time
 
 import jsonschema
 import pytest
@@ -87,7 +88,10 @@ class FakeFreshProcesses:
 
     def __init__(self):
         self.calls = []
+        self.spans = []              # (settings, start, end) of each call, time.monotonic()
         self.failing_jobs = set()
+        self.seconds = 0.0           # each process takes at least this long
+        self.failing_starts = []     # settings whose next process fails to start (then popped)
 
     def __call__(self, target, kwargs=None, *, alloc_conf_settings=None, memory_cap_mib=None, memory_fraction=None,
                  timeout_s=120.0, env=None):
@@ -95,6 +99,11 @@ class FakeFreshProcesses:
 
         settings = alloc_conf_settings
         self.calls.append((target.rpartition(":")[2], settings, memory_cap_mib))
+        start = time.monotonic()
+        time.sleep(self.seconds)
+        if settings in self.failing_starts:
+            self.failing_starts.remove(settings)
+            raise RuntimeError("the fresh process exited with status 1 before it ran: CUDA driver initialization failed")
         kwargs = kwargs or {}
         if target.endswith(":sequences_worker"):
             value = {n: model_run(ops, settings, memory_cap_mib) for n, ops in kwargs["sequences"].items()}
@@ -110,6 +119,7 @@ class FakeFreshProcesses:
                                                          for n, ops in job["sequences"].items()}}
         else:
             raise AssertionError(f"unexpected fresh-process target {target}")
+        self.spans.append((settings, start, time.monotonic()))
         return FreshResult(True, value=store.to_jsonable(value), alloc_conf=str(settings or ""))
 
 
@@ -129,9 +139,9 @@ def fake_gpu(monkeypatch):
     monkeypatch.setattr(alloc_fresh, "require_cuda", lambda *a, **k: None)
     monkeypatch.setattr(alloc_meas, "check_fits", lambda *a, **k: None)
     monkeypatch.setattr(allocator_gpu, "measure_layouts", fake_layouts)
-    alloc_fresh._kept.clear()
+    alloc_fresh._forget_shared()
     yield fresh
-    alloc_fresh._kept.clear()
+    alloc_fresh._forget_shared()
 
 
 @pytest.fixture
@@ -307,15 +317,36 @@ def test_every_grid_fits_the_time_budget_shape():
 
 
 def test_a_shared_result_is_handed_out_once_and_not_for_long(fake_gpu, monkeypatch):
-    allocator.timeline(small_mib=16, expandable=False)
-    assert len(fake_gpu.calls) == 1 and ("default", "pool_boundary") in alloc_fresh._kept
+    allocator.timeline(small_mib=16, expandable=False)   # the default process, the expandable one alongside
+    assert len(fake_gpu.calls) == 2 and ("default", "pool_boundary") in alloc_fresh._kept
     allocator.pool_boundary(expandable=False)          # kept for it: no new process
-    assert len(fake_gpu.calls) == 1
-    allocator.pool_boundary(expandable=False)          # asked again: measured again
+    allocator.pool_boundary(expandable=True)           # measured alongside: no new process
     assert len(fake_gpu.calls) == 2
-    monkeypatch.setattr(alloc_fresh, "SHARE_WINDOW_S", -1.0)
-    allocator.fragmentation_oom(expandable=False)      # kept, but too old
+    allocator.pool_boundary(expandable=False)          # asked again: measured again (expandable still kept)
     assert len(fake_gpu.calls) == 3
+    monkeypatch.setattr(alloc_fresh, "SHARE_WINDOW_S", -1.0)
+    allocator.fragmentation_oom(expandable=False)      # kept, but too old (and so is expandable's)
+    assert len(fake_gpu.calls) == 5
+
+
+def test_the_other_settings_process_runs_alongside(fake_gpu):
+    """The chapter asks for both settings; their processes overlap in time, each under its own setting."""
+    fake_gpu.seconds = 0.3
+    small = allocator.timeline(small_mib=16, expandable=False)
+    expandable = allocator.timeline(small_mib=16, expandable=True)
+    (s1, a1, b1), (s2, a2, b2) = fake_gpu.spans
+    assert {str(s1), str(s2)} == {"None", "{'expandable_segments': True}"}
+    assert a1 < b2 and a2 < b1, "the two settings' processes ran one after the other"
+    # each answer comes from its own setting: the model's reserved bytes differ between the two
+    in_effect = [r["orders"]["small_first"]["expandable_in_effect"] for r in (small, expandable)]
+    assert in_effect == [False, True]
+
+
+def test_a_process_that_failed_alongside_is_started_again_when_asked_for(fake_gpu):
+    fake_gpu.failing_starts.append({"expandable_segments": True})
+    allocator.graph_pools(expandable=False)
+    assert allocator.graph_pools(expandable=True)["expandable_in_effect"] is True
+    assert [str(c[1]) for c in fake_gpu.calls].count("{'expandable_segments': True}") == 2
 
 
 def test_shared_jobs_cover_every_setting_free_measurement():
@@ -339,7 +370,7 @@ def test_a_failed_job_fails_only_its_experiment(fake_gpu):
                                            "CUDA error"):
         allocator.graph_pools(expandable=False)
     assert allocator.timeline(small_mib=8)["orders"]["small_first"]["reserved_bytes"][-1] == 0
-    assert len(fake_gpu.calls) == 1
+    assert [c[1] for c in fake_gpu.calls].count(None) == 1   # the default process, once
 
 
 def test_request_table_data_and_claim(fake_gpu):

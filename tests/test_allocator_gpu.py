@@ -267,7 +267,7 @@ def test_recording_the_chapter_fits_the_time_budget(tmp_path):
     # process each, recorded on their own budget (CONTRIBUTING, "Sizing"), as are the doctor's test oracles
     # (alloc.doctor_cases); the chapter's other seven share five.
     chapter = [e for e in registry.all_experiments(1) if not e.own_budget]
-    alloc_fresh._kept.clear()
+    alloc_fresh._forget_shared()
     t0 = time.perf_counter()
     paths, failures = registry.record(chapter, root=tmp_path, progress=False)
     elapsed = time.perf_counter() - t0
