@@ -35,7 +35,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.booktools import PAGES  # noqa: E402
-from tests.test_doctor_page import SNAPSHOTS, Tab, _set_what_ifs, long_snapshot, torch_form  # noqa: E402
+from tests.snapshot_forms import torch_form  # noqa: E402
+from tests.test_doctor_page import SNAPSHOTS, Tab, _set_what_ifs, long_snapshot  # noqa: E402
 
 
 def serve(root: Path) -> tuple[str, http.server.ThreadingHTTPServer]:

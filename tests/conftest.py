@@ -80,3 +80,17 @@ def site(built_book):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield {"dir": root, "origin": f"http://127.0.0.1:{server.server_address[1]}"}
     server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Debian's chromium driven by Playwright, one per test module (a session-wide one would keep
+    Playwright's loop alive while other modules run notebooks). CUDA_MEMLAB_CHROMIUM names another."""
+    from playwright.sync_api import sync_playwright
+
+    exe = Path(os.environ.get("CUDA_MEMLAB_CHROMIUM", "/usr/bin/chromium"))
+    assert exe.exists(), f"no browser at {exe}: `make test` installs Debian's chromium (apt-get install -y chromium)"
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(exe), args=["--no-sandbox"])
+        yield b
+        b.close()

@@ -20,6 +20,7 @@ from experiments.doctor.engine import Engine
 from experiments.allocator.model import GiB, MiB, AllocatorConfig, round_size
 from experiments.doctor.whatif import what_if
 from experiments.doctor.replay import replay
+from tests.snapshot_forms import torch_form
 from experiments.doctor.trace import (ALLOC, FREE_REQ, SnapshotError, config_from_snapshot, load, read)
 
 RECORDED = Path(__file__).resolve().parent.parent / "experiments" / "recorded" / "alloc.doctor_snapshots" / "nvidia-h200.json"
@@ -154,30 +155,10 @@ def test_roundup_list_starting_with_gt_leaves_small_sizes_alone():
     assert after - first[1] == 2560
 
 
-def _torch_form(compact: dict) -> dict:
-    """The recorded compact snapshot written back as torch's _snapshot() dict, frames included."""
-    trace = read(compact)
-    names = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
-             "segment_unmap", "snapshot", "oom")
-    frames = [{"filename": "train.py", "line": 10 + k, "name": f"f{k}"} for k in range(3)]
-    entries = []
-    for code, addr, size, stream in trace.events:
-        e = {"action": names[code], "size": size, "stream": stream, "time_us": 0, "frames": frames}
-        e["device_free" if code == 8 else "addr"] = addr
-        entries.append(e)
-    segs = [{"device": 0, "address": s["address"], "total_size": s["total_size"], "stream": s["stream"],
-             "segment_type": s["segment_type"], "segment_pool_id": tuple(s["segment_pool_id"]),
-             "is_expandable": s["is_expandable"], "frames": frames,
-             "blocks": [{"address": a, "size": n, "requested_size": r, "state": st, "frames": frames}
-                        for a, n, r, st in s["blocks"]]} for s in compact["segments"]]
-    return {"segments": segs, "device_traces": [entries], "allocator_settings": compact["allocator_settings"],
-            "external_annotations": []}
-
-
 def test_a_dump_snapshot_pickle_replays(tmp_path):
     rec = RUNS[("training", "")]
     path = tmp_path / "snap.pickle"
-    path.write_bytes(pickle.dumps(_torch_form(rec["snapshot"])))
+    path.write_bytes(pickle.dumps(torch_form(rec["snapshot"])))
     rep = doctor(str(path))
     assert rep.replay.matches_trace
     assert rep.replay.final_reserved_bytes == rec["final"]["reserved_bytes.all.current"]
@@ -234,7 +215,7 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, snap_file, case):
     text = tmp_path / "notes.txt"
     text.write_text("hello, not a snapshot\n")
     trunc = tmp_path / "trunc.pickle"
-    trunc.write_bytes(pickle.dumps(_torch_form(RUNS[("streams", "")]["snapshot"]))[:300])
+    trunc.write_bytes(pickle.dumps(torch_form(RUNS[("streams", "")]["snapshot"]))[:300])
     args = {"not_a_snapshot": [str(text)], "truncated": [str(trunc)], "unknown_option": [str(snap_file), "--bogus"],
             "negative_cap": [str(snap_file), "--cap", "-5"],
             "bad_setting": [str(snap_file), "--what-if", "max_split_size_mb:abc"],
@@ -254,7 +235,7 @@ def test_the_report_names_what_pins_the_reserved_memory():
 
 
 def test_an_unknown_trace_entry_stops_the_replay_there():
-    snap = _torch_form(RUNS[("streams", "")]["snapshot"])
+    snap = torch_form(RUNS[("streams", "")]["snapshot"])
     snap["device_traces"][0].insert(10, {"action": "defragment", "addr": 0, "size": 0, "stream": 0})
     run = replay(read(snap))
     assert run.matches_trace is False

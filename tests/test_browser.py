@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 import urllib.parse
-from pathlib import Path
 
 import pytest
 
@@ -20,20 +19,6 @@ pytestmark = pytest.mark.slow
 
 SCREENSHOTS = ROOT / "_build" / "screenshots"
 DESKTOP = {"width": 1280, "height": 900}
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    import os
-
-    chromium = Path(os.environ.get("CUDA_MEMLAB_CHROMIUM", "/usr/bin/chromium"))
-    assert chromium.exists(), f"no browser at {chromium}: `make test` installs Debian's chromium (apt-get install -y chromium)"
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(chromium), args=["--no-sandbox"])
-        yield b
-        b.close()
 
 
 class Visit:

@@ -25,7 +25,7 @@ from experiments.core import store
 from experiments.core.registry import get
 
 from .booktools import PAGES, panel_count
-from .test_browser import DESKTOP, browser, visit  # noqa: F401  (fixtures)
+from .test_browser import DESKTOP, visit  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ import re
 import pytest
 
 from .booktools import PAGES
-from .test_browser import DESKTOP, browser, visit  # noqa: F401  (fixtures)
+from .test_browser import DESKTOP, visit  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.slow
 

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.snapshot_forms import torch_form
+
 ROOT = Path(__file__).resolve().parent.parent
 EXT = ROOT / "book" / "_ext"
 RECORDED = ROOT / "experiments" / "recorded" / "alloc.doctor_snapshots" / "nvidia-h200.json"
@@ -64,26 +66,6 @@ def cli(folder: Path, args: list[str]) -> subprocess.CompletedProcess:
     """``python -m experiments ARGS`` run in ``folder`` (the file named as the page names it)."""
     return subprocess.run([sys.executable, "-m", "experiments", *args], cwd=folder, capture_output=True, text=True,
                           timeout=300)
-
-
-def torch_form(compact: dict) -> dict:
-    """A recorded compact snapshot as ``torch.cuda.memory._snapshot()`` returns it (frames included)."""
-    from experiments.doctor.trace import read
-
-    names = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
-             "segment_unmap", "snapshot", "oom")
-    frames = [{"filename": "train.py", "line": 10 + k, "name": f"step{k}"} for k in range(3)]
-    entries = []
-    for code, addr, size, stream in read(compact).events:
-        e = {"action": names[code], "size": size, "stream": stream, "time_us": 0, "frames": frames}
-        e["device_free" if code == 8 else "addr"] = addr
-        entries.append(e)
-    segs = [{"device": 0, "address": s["address"], "total_size": s["total_size"], "stream": s["stream"],
-             "segment_type": s["segment_type"], "segment_pool_id": tuple(s["segment_pool_id"]),
-             "is_expandable": s["is_expandable"], "frames": frames,
-             "blocks": [{"address": a, "size": n, "requested_size": r, "state": st, "frames": frames}
-                        for a, n, r, st in s["blocks"]]} for s in compact["segments"]]
-    return {"segments": segs, "device_traces": [entries], "allocator_settings": compact["allocator_settings"]}
 
 
 class _Os:
@@ -284,28 +266,13 @@ def test_pyodide_ships_only_its_runtime_and_a_lock_without_packages():
 
 # ----------------------------------------------------------------------------- in the browser
 
-@pytest.fixture(scope="module")
-def chromium():
-    """Debian's chromium, as the other browser tests launch it (tests/test_browser.py)."""
-    import os
-
-    from playwright.sync_api import sync_playwright
-
-    exe = Path(os.environ.get("CUDA_MEMLAB_CHROMIUM", "/usr/bin/chromium"))
-    assert exe.exists(), f"no browser at {exe}: `make test` installs Debian's chromium"
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(exe), args=["--no-sandbox"])
-        yield b
-        b.close()
-
-
 class Tab:
     """The doctor page in a fresh browser context: only the test server reachable; every request,
     its method and its body size recorded."""
 
-    def __init__(self, chromium, origin: str, viewport=None, context=None):
+    def __init__(self, browser, origin: str, viewport=None, context=None):
         self.own = context is None
-        self.context = context or chromium.new_context(viewport=viewport or {"width": 1280, "height": 900},
+        self.context = context or browser.new_context(viewport=viewport or {"width": 1280, "height": 900},
                                                        device_scale_factor=1, accept_downloads=True)
         self.origin = origin
         self.requests: list[tuple[str, str]] = []
@@ -365,8 +332,8 @@ def _set_what_ifs(page, ticked: list[str], other: list[str], cap_gib: float | No
 
 
 @pytest.fixture(scope="module")
-def doctor_tab(chromium, site):
-    tab = Tab(chromium, site["origin"])
+def doctor_tab(browser, site):
+    tab = Tab(browser, site["origin"])
     # ticked presets in the page's order, then the typed lines: WHAT_IFS
     _set_what_ifs(tab.page, WHAT_IFS[:3], WHAT_IFS[3:])
     yield tab
@@ -387,8 +354,8 @@ def transfer_bytes(site_dir: Path, origin: str, urls) -> tuple[int, int]:
 
 
 @pytest.mark.slow
-def test_before_a_drop_the_page_is_light_and_loads_no_python(chromium, site):
-    tab = Tab(chromium, site["origin"])
+def test_before_a_drop_the_page_is_light_and_loads_no_python(browser, site):
+    tab = Tab(browser, site["origin"])
     try:
         tab.page.wait_for_timeout(1500)
         raw, sent = transfer_bytes(site["dir"], site["origin"], tab.bytes)
@@ -464,8 +431,8 @@ def test_bad_files_show_the_clis_one_line_error(doctor_tab, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_file_over_the_limit_is_sent_to_the_cli_without_loading_python(chromium, site, tmp_path):
-    tab = Tab(chromium, site["origin"])
+def test_a_file_over_the_limit_is_sent_to_the_cli_without_loading_python(browser, site, tmp_path):
+    tab = Tab(browser, site["origin"])
     try:
         path = tmp_path / "big.pickle"
         path.write_bytes(b"\x80\x05" + bytes(4096))
@@ -493,24 +460,24 @@ def _unless_overloaded(measured: str) -> None:
 
 
 @pytest.mark.slow
-def test_time_to_first_result_with_pyodide_cached(chromium, site, tmp_path):
+def test_time_to_first_result_with_pyodide_cached(browser, site, tmp_path):
     """On a ~8k-event snapshot (training, torch's pickle form) with the page's own settings
     (expandable_segments:True and the suggestion's grid): at most 5 s from the drop to the
     first result once the browser has Pyodide in its cache (the 2-core CI machine's chromium)."""
     pick = tmp_path / "training.pickle"
     pick.write_bytes(pickle.dumps(torch_form(SNAPSHOTS["training"]), protocol=5))
-    context = chromium.new_context(viewport={"width": 1280, "height": 900})
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
     host = urllib.parse.urlsplit(site["origin"]).netloc
     context.route("**/*", lambda r: r.continue_() if urllib.parse.urlsplit(r.request.url).netloc == host
                   else r.abort("internetdisconnected"))
     try:
-        cold = Tab(chromium, site["origin"], context=context)
+        cold = Tab(browser, site["origin"], context=context)
         first = cold.drop(pick)
         assert first["error"] is None, first["error"]
         cold.page.close()
         times = []
         for _ in range(2):
-            warm = Tab(chromium, site["origin"], context=context)
+            warm = Tab(browser, site["origin"], context=context)
             t0 = time.perf_counter()
             got = warm.drop(pick)
             assert got["error"] is None, got["error"]
@@ -544,12 +511,12 @@ def _zip_with_extra_sections() -> bytes:
 
 
 @pytest.mark.slow
-def test_without_the_memory_snapshot_python_starts_the_plain_way_and_new_sections_are_shown(chromium, site, tmp_path):
+def test_without_the_memory_snapshot_python_starts_the_plain_way_and_new_sections_are_shown(browser, site, tmp_path):
     """The snapshot is an optimisation (a private Pyodide API): if it cannot be had, the same
     answers. The doctor's --json may grow sections (suggestions, an OOM explanation): the page
     shows what it is given; here the zip is served with two added, which the memory snapshot
     would not know, hence the plain start."""
-    context = chromium.new_context(viewport={"width": 1280, "height": 900}, accept_downloads=True)
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, accept_downloads=True)
     host = urllib.parse.urlsplit(site["origin"]).netloc
     patched = _zip_with_extra_sections()
 
@@ -564,7 +531,7 @@ def test_without_the_memory_snapshot_python_starts_the_plain_way_and_new_section
 
     context.route("**/*", route)
     try:
-        tab = Tab(chromium, site["origin"], context=context)
+        tab = Tab(browser, site["origin"], context=context)
         name = "training.json"
         (tmp_path / name).write_text(json.dumps(SNAPSHOTS["training"]))
         got = tab.drop(tmp_path / name)
@@ -600,9 +567,9 @@ WHAT_IF_LIMIT_S = 12.0   # per what-if on the 450k-event snapshot, chromium on t
 
 
 @pytest.mark.slow
-def test_time_per_what_if_on_a_450k_event_snapshot(chromium, site, tmp_path):
+def test_time_per_what_if_on_a_450k_event_snapshot(browser, site, tmp_path):
     path = long_snapshot(tmp_path)
-    tab = Tab(chromium, site["origin"])
+    tab = Tab(browser, site["origin"])
     try:
         _set_what_ifs(tab.page, ["expandable_segments:True", "max_split_size_mb:128"], [], suggest=False)
         tab.page.set_input_files("#memlab-doctor-file", str(path))
@@ -636,8 +603,8 @@ def test_time_per_what_if_on_a_450k_event_snapshot(chromium, site, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("width", [1280, 390])
-def test_a_result_fits_the_screen_and_is_screenshotted(chromium, site, tmp_path, width):
-    tab = Tab(chromium, site["origin"], viewport={"width": width, "height": 900})
+def test_a_result_fits_the_screen_and_is_screenshotted(browser, site, tmp_path, width):
+    tab = Tab(browser, site["origin"], viewport={"width": width, "height": 900})
     try:
         _set_what_ifs(tab.page, WHAT_IFS[:2], [])
         pick = tmp_path / "training.pickle"
