@@ -208,33 +208,25 @@ class _Replayer(PoolChoices):
                         if eng.address_hook is not None:
                             eng.address_hook = None
                         if pool is not DEFAULT_POOL and eng.checkpointed_block(addr, size, stream, pool) is not None:
-                            self._restore(i, addr, size, stream, pool)
-                            a, r = eng.allocated_bytes, eng.reserved_bytes
-                            if a > peak_a:
-                                peak_a = a
-                            if r > peak_r:
-                                peak_r, peak_k = r, len(reqs) - 1
-                            if series:
-                                put_a(a)
-                                put_r(r)
-                            continue
-                        try:
-                            blk = malloc(size, stream, pool)
-                        except EngineOutOfMemory:
-                            raise _Mismatch(i, "alloc", "the model ran out of memory where the GPU did not "
-                                            "(a memory cap the snapshot does not record? pass --cap)") from None
-                        if eng.events:
-                            raise _Mismatch(i, "alloc", "the segment events differ", [], _fmt_events(eng.events))
-                        if blk.addr != addr:
-                            raise _Mismatch(i, "alloc", "the block is not where the GPU put it", addr, blk.addr)
-                        live[addr] = blk
-                        key = self.next_key
-                        keys[addr] = key
-                        self.next_key = key + 1
-                        if pool is DEFAULT_POOL:
-                            put(key << KEY_SHIFT)          # R_ALLOC in pool 0, the default
+                            self._restore(i, addr, size, stream, pool)   # a graph tree's checkpoint
                         else:
-                            reqs.add_alloc(R_ALLOC, key, pool)
+                            try:
+                                blk = malloc(size, stream, pool)
+                            except EngineOutOfMemory:
+                                raise _Mismatch(i, "alloc", "the model ran out of memory where the GPU did not "
+                                                "(a memory cap the snapshot does not record? pass --cap)") from None
+                            if eng.events:
+                                raise _Mismatch(i, "alloc", "the segment events differ", [], _fmt_events(eng.events))
+                            if blk.addr != addr:
+                                raise _Mismatch(i, "alloc", "the block is not where the GPU put it", addr, blk.addr)
+                            live[addr] = blk
+                            key = self.next_key
+                            keys[addr] = key
+                            self.next_key = key + 1
+                            if pool is DEFAULT_POOL:
+                                put(key << KEY_SHIFT)          # R_ALLOC in pool 0, the default
+                            else:
+                                reqs.add_alloc(R_ALLOC, key, pool)
                 elif code <= SEG_UNMAP:
                     buf.append(i)
                     self.trace_reserved += size if code == SEG_ALLOC or code == SEG_MAP else -size
