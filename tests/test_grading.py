@@ -496,6 +496,14 @@ def _all_correct(rows):
 
 
 @pytest.mark.gpu
+def test_live_grading_scores_chapter_1_with_its_fresh_processes(tmp_path):
+    """On a GPU: chapter 1 answered with its solutions, graded live. Its experiments start fresh
+    processes (two settings at once, the knobs, the reader's own snapshot) inside the sandbox,
+    under its process, memory and time limits."""
+    _all_correct(_live(tmp_path, CH1, CH1_RIGHT, {}))
+
+
+@pytest.mark.gpu
 def test_live_grading_scores_chapter_2_with_the_event_handoff(tmp_path):
     """On a GPU: chapter 2 answered with its solutions, the event handoff included, graded live."""
     _all_correct(_live(tmp_path, CH2, CH2_RIGHT, {"ex-streams-handoff": (
