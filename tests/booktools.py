@@ -1,6 +1,7 @@
 """Helpers for tests that read the book's notebooks and their sources."""
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -26,6 +27,33 @@ def exercise_layout(src: str) -> dict[str, tuple[int, int, int]]:
         layout[label] = (i, code, solution)
         assert "check_" in cells[code].source, f"{label}: the first code cell after it should call the check"
     return layout
+
+
+def execute_notebook(path: Path, mode: str, timeout: float = 900):
+    """The notebook at ``path`` run top to bottom in a fresh kernel in ``mode`` ('live' or
+    'recorded'); returns it with its outputs and nbclient's per-cell timestamps.
+
+    The kernel inherits the environment: the mode, and this checkout's package first on its path
+    (the lab GPU runs the tests from a copy of the tree that is not installed). Raises nbclient's
+    CellExecutionError on a failing cell.
+    """
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(path, as_version=4)
+    saved = {k: os.environ.get(k) for k in ("CUDA_MEMLAB_MODE", "PYTHONPATH")}
+    os.environ["CUDA_MEMLAB_MODE"] = mode
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), saved["PYTHONPATH"]]))
+    try:
+        NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                       resources={"metadata": {"path": str(ROOT / "book")}}).execute()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return nb
 
 
 def hidden_output_cells(notebook: str) -> list[str]:

@@ -76,29 +76,16 @@ def test_own_snapshot_is_one_fresh_process_of_a_few_seconds_and_replays_exactly(
 def test_chapter_1_runs_live_in_60_seconds():
     """The whole chapter 1 notebook, live on this GPU, in at most 60 s (issue 17 item 7).
     Needs nbclient, nbformat and ipykernel (carry them to the GPU machine)."""
-    import os
     import time
-    from pathlib import Path
 
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
+    from tests.booktools import ROOT, execute_notebook
+
+    pytest.importorskip("nbformat")
+    pytest.importorskip("nbclient")
     pytest.importorskip("ipykernel")
-    root = Path(__file__).resolve().parent.parent
-    nb = nbformat.read(root / "book" / "ch1_caching_allocator.ipynb", as_version=4)
-    saved = {k: os.environ.get(k) for k in ("CUDA_MEMLAB_MODE", "PYTHONPATH")}
-    os.environ["CUDA_MEMLAB_MODE"] = "live"
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), saved["PYTHONPATH"]]))
-    try:
-        t0 = time.perf_counter()
-        nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
-                                resources={"metadata": {"path": str(root / "book")}}).execute()
-        elapsed = time.perf_counter() - t0
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    t0 = time.perf_counter()
+    nb = execute_notebook(ROOT / "book" / "ch1_caching_allocator.ipynb", "live", timeout=300)
+    elapsed = time.perf_counter() - t0
     print(f"chapter 1 live: {elapsed:.1f} s; slowest cells:")
     from datetime import datetime
 

@@ -1,13 +1,13 @@
 """The book's notebooks: generated from their sources, set up for Colab, and executing cleanly."""
 import json
-import os
 import re
 from pathlib import Path
 
 import nbformat
 import pytest
 import yaml
-from nbclient import NotebookClient
+
+from .booktools import execute_notebook
 
 ROOT = Path(__file__).resolve().parent.parent
 BOOK = ROOT / "book"
@@ -67,24 +67,6 @@ def test_notebook_is_ready_for_colab(path):
     assert all(not c.get("outputs") for c in nb["cells"] if c["cell_type"] == "code"), "commit notebooks without outputs"
 
 
-def _execute(path, mode, timeout=900):
-    nb = nbformat.read(path, as_version=4)
-    # The kernel inherits the environment: the mode, and this checkout's package first on
-    # its path (the lab GPU runs the tests from a copy of the tree that is not installed).
-    saved = {k: os.environ.get(k) for k in ("CUDA_MEMLAB_MODE", "PYTHONPATH")}
-    os.environ["CUDA_MEMLAB_MODE"] = mode
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), saved["PYTHONPATH"]]))
-    try:
-        NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(BOOK)}}).execute()
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-    return nb
-
-
 def _texts(nb):
     for cell in nb.cells:
         for out in cell.get("outputs", []):
@@ -122,7 +104,7 @@ def test_notebook_executes_in_recorded_mode(path, built_book):
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_executes_live_on_gpu(path):
-    nb = _execute(path, "live")
+    nb = execute_notebook(path, "live")
     text = "\n".join(_texts(nb))
     assert "Live mode" in text
 
