@@ -93,3 +93,15 @@ def test_student_config_hides_solutions_and_the_ways_to_the_full_notebooks():
     assert config["sphinx"]["config"]["memlab_student"] is True      # the extension drops the button
     assert config["sphinx"]["config"]["html_copy_source"] is False   # no _sources/ with solutions
     assert config["html"]["use_repository_button"] is False and config["html"]["use_issues_button"] is False
+
+
+def test_handed_out_notebooks_install_the_package_not_the_repository(tmp_path):
+    """Issue 27: the handed-out notebooks' set-up cell installed from the repository, whose
+    notebooks keep their solutions. It must name the package only (its wheel), never the
+    repository, the full book, or a git URL."""
+    addresses = student_edition.full_book_addresses()
+    for path in student_edition.write_notebooks(tmp_path):
+        nb = nbformat.read(path, as_version=4)
+        [setup] = [c for c in nb.cells if "colab-setup" in c.metadata.get("tags", [])]
+        assert "git+" not in setup.source and not any(a in setup.source for a in addresses), (path.name, setup.source)
+        assert "cuda_memory_lab-" in setup.source and ".whl" in setup.source, setup.source

@@ -1,0 +1,592 @@
+"""Hostile submissions on a machine set up as a course machine usually is (issue 27): grading
+from a course folder under a home, a login session with a keyring, other clones of the
+repository and last year's grades on disk, two grading runs at once, archives from a learning
+platform with any bytes in their file names. Each test below is one attack of the issue, tried
+against the grader first (each failed before its fix), then kept.
+
+Everything planted is a harmless marker in a temporary folder (or, as root, in a folder of its
+own under /opt and /var/lib that the test removes); every sandbox and folder name is unique, so
+the tests can run in parallel with each other and with other grading runs.
+
+Expectations come from the issue's rules, never from the grader: a forged report scores nothing
+and is never shown as a grader bug; nothing outside the allowlist is visible in a sandbox; a
+link is refused and its target never quoted; no keyring is reachable and no user namespace can
+be made, in every mode; one sandbox's processes cannot starve or out-allocate another's, and two
+runs never share a user id; a pathological cell costs its notebook only, in bounded time; any
+file name gives a safe, readable row; a notebook is graded on its own chapter only.
+"""
+from __future__ import annotations
+
+import csv
+import ctypes
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from experiments.grading import grader as grading
+from experiments.grading import notebooks, wire
+from experiments.grading.sandbox import SYSTEM, Limits, Sandbox
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+ROOT_USER = os.geteuid() == 0
+MARK = f"memlab-course-{uuid.uuid4().hex[:10]}"   # in every planted secret of this run
+
+
+def _probe(sb: Sandbox, code: str, *, seconds: float = 60, limits: Limits = Limits()) -> dict:
+    """Run ``code`` (Python) in the sandbox; returns the last JSON object it printed (or
+    ``{"no result": stderr tail}``)."""
+    out = sb.run(["-c", textwrap.dedent(code)], b"", seconds=seconds, limits=limits, module=None)
+    lines = [ln for ln in out.lines if ln.startswith(b"{")]
+    return json.loads(lines[-1]) if lines else {"no result": out.stderr_tail[-1500:], "rc": out.returncode}
+
+
+@pytest.fixture(scope="module")
+def prepared():
+    """One sandbox prepared as the grader prepares it (its mode, its control groups)."""
+    sb = Sandbox()
+    sb.prepare()
+    yield sb
+    sb.close()
+
+
+@pytest.fixture(scope="module")
+def modes(prepared):
+    """The sandbox modes this machine can make (as root: nobody in a user namespace, and root
+    dropping to a user id of its own; otherwise the caller in a user namespace): the
+    grader's choice, and every other one that starts Python here."""
+    found = [prepared.mode]
+    for mode in (["nobody", "root-drop"] if ROOT_USER else ["user"]):
+        if mode != prepared.mode:
+            sb = _sandbox(prepared, mode)
+            try:
+                if "ok" in _probe(sb, "print('{\"ok\": 1}')"):
+                    found.append(mode)
+            finally:
+                sb.close()
+    return found
+
+
+def _sandbox(prepared: Sandbox, mode: str | None = None, **kw) -> Sandbox:
+    """A sandbox like ``prepared`` (same mode unless ``mode``, same control groups), for
+    other folders to hide, without probing the machine again."""
+    sb = Sandbox(**kw)
+    sb.mode, sb.groups, sb.no_groups = mode or prepared.mode, prepared.groups, prepared.no_groups
+    return sb
+
+
+# ----------------------------------------------------------------------------- forged GPU verdicts
+
+# Reports each GPU exercise's judge accepts as correct: what a forger writes instead of solving.
+FORGED_REPORTS = {
+    "ex-syncs-rewrite": {"gpu": True, "findings": [], "raised": None, "diff": "", "syncs": 0, "sync_report": "",
+                         "host_ms": 0.1, "queued_ms": 20.0},
+    "ex-pinned-loader": {"gpu": True, "n_batches": 8, "n_buffers": 2, "queued_ms": 200.0, "yielded": [8, 8],
+                         "wrong_batches": [[], []], "ahead_ms": 1.0, "problem": None},
+    "ex-streams-handoff": {"gpu": True, "layers": 8, "trials": 3, "error": None, "error_kind": None,
+                           "missing_layers": [], "first_corrupted": None, "corrupted_trials": 0, "distinct_blocks": 2,
+                           "peak_active_mib": 128.0, "span_ms": 30.0, "reference_span_ms": 30.0, "buffer_mib": 64.0},
+}
+STUDENT_TEXT = f"{MARK} grading crashed: rerun with --unsafe-no-sandbox"
+
+
+def _forger(line: dict) -> wire.FunctionAnswer:
+    """A function answer whose source, when it is defined (or called), writes ``line`` on
+    every descriptor it can find and ends its process: no attempt at the exercise."""
+    text = json.dumps(line)
+    source = textwrap.dedent(f'''
+        import os as _os
+        def _forge():
+            for _fd in range(0, 256):
+                try:
+                    _os.write(_fd, ({text!r} + "\\n").encode())
+                except OSError:
+                    pass
+            _os._exit(0)
+        _forge()
+
+        def answer(*args, **kwargs):
+            _forge()
+    ''')
+    return wire.FunctionAnswer({"name": "answer", "source": source, "globals": {}})
+
+
+@pytest.fixture(scope="module")
+def live_grader():
+    """A grader in --live mode on this machine (no GPU here: what a forger claims is a lie)."""
+    g = grading.Grader(live=True)
+    g.prepare()
+    yield g
+    g.close()
+
+
+@pytest.fixture(scope="module")
+def recorded_grader():
+    g = grading.Grader()
+    g.prepare()
+    yield g
+    g.close()
+
+
+@pytest.mark.parametrize("label", sorted(FORGED_REPORTS))
+def test_a_function_answer_cannot_write_its_own_gpu_report(live_grader, label):
+    """Issue: the function found the harness's copy of stdout, wrote a report its judge accepts
+    (a GPU, no sync, every batch on time) and exited: full marks with no attempt, and the judge
+    took the report's word that a GPU was there."""
+    from experiments.core.checks import EXERCISES
+
+    notebooks.exercises()
+    forged = _forger({"event": "report", "report": FORGED_REPORTS[label]})
+    status, text, full = live_grader._function(EXERCISES[label], forged, time.monotonic() + 120)
+    assert status != "correct", (status, text, full)
+    assert "bug in the grader" not in text + full
+
+
+def test_student_text_is_never_shown_as_a_grader_bug(recorded_grader):
+    """Issue: the same path let student text appear as 'a bug in the grader, please report it'
+    and nudge the instructor toward --unsafe-no-sandbox."""
+    from experiments.core.checks import EXERCISES
+
+    notebooks.exercises()
+    for line in ({"event": "bug", "why": STUDENT_TEXT}, {"event": "raised", "why": STUDENT_TEXT},
+                 {"event": "rebuild", "why": STUDENT_TEXT}):
+        status, text, full = recorded_grader._function(EXERCISES["ex-alloc-frag-index"], _forger(line),
+                                                       time.monotonic() + 120)
+        assert status != "correct", (line, status, text)
+        assert "bug in the grader" not in text + full and MARK not in text + full, (line, status, text)
+
+
+# ----------------------------------------------------------------------------- what a sandbox can see
+
+@pytest.fixture
+def course(tmp_path, monkeypatch):
+    """An instructor's course folder under a home, grading started from it (sys.path[0]), and a
+    PYTHONPATH entry with a secret beside it."""
+    home = tmp_path / "home" / "teacher"
+    folder = home / "course"
+    (folder / "submissions").mkdir(parents=True)
+    secrets = {folder / ".env": f"API_TOKEN={MARK}-env", folder / "solutions.py": f"# {MARK}-solutions",
+               folder / "grades-2025.csv": f"alice,{MARK}-grades", folder / "submissions" / "bob.ipynb": f"{MARK}-bob"}
+    extra = tmp_path / "pythonpath"
+    extra.mkdir()
+    secrets[extra / "notes.txt"] = f"{MARK}-pythonpath"
+    for path, text in secrets.items():
+        path.write_text(text)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(folder)
+    monkeypatch.setattr(sys, "path", [str(folder), *sys.path])
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(extra), os.environ.get("PYTHONPATH")])))
+    return {"folder": folder, "secrets": secrets}
+
+
+def test_the_working_folder_and_pythonpath_are_not_shown_again(course, prepared, modes):
+    """Issue: sys.path[0] (the folder grading started from) and PYTHONPATH entries were bound
+    back into the sandbox although they lie under a hidden home: a student read a classmate's
+    notebook, the instructor's .env, a solutions file and last year's grades."""
+    paths = [str(p) for p in course["secrets"]]
+    for mode in modes:
+        sb = _sandbox(prepared, mode, hide=[course["folder"] / "submissions"])
+        try:
+            got = _probe(sb, f"""
+                import json
+                seen = {{}}
+                for p in {paths!r}:
+                    try:
+                        seen[p] = open(p).read()
+                    except OSError as e:
+                        seen[p] = type(e).__name__
+                print(json.dumps(seen))
+            """)
+        finally:
+            sb.close()
+        assert "no result" not in got, got
+        leaked = {p: v for p, v in got.items() if MARK in v}
+        assert not leaked, (mode, leaked)
+
+
+@pytest.fixture
+def other_places():
+    """As root: another clone of the repository's solutions under /opt and last year's grades
+    under /var/lib, world-readable (a course machine's usual places); removed afterwards."""
+    if not ROOT_USER:
+        pytest.skip("planting files under /opt and /var/lib needs root (CI runs as root)")
+    made = [Path("/opt") / MARK, Path("/var/lib") / MARK]
+    (made[0] / "book" / "src").mkdir(parents=True)
+    (made[0] / "book" / "src" / "ch1_solutions.py").write_text(f"# {MARK}-clone")
+    made[1].mkdir()
+    (made[1] / "grades.csv").write_text(f"carol,{MARK}-lastyear")
+    for d in made:
+        os.chmod(d, 0o755)
+    yield made
+    for d in made:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+WALK = """
+    import json, os
+    found, notebooks, tops = [], [], sorted(os.listdir("/"))
+    for root, dirs, files in os.walk("/"):
+        if root in SKIP:
+            dirs[:] = []
+            continue
+        for f in files:
+            path = os.path.join(root, f)
+            if f.endswith(".ipynb") or "book/src" in root:
+                notebooks.append(path)
+            try:
+                with open(path, errors="replace") as fh:
+                    if MARK in fh.read(1 << 16):
+                        found.append(path)
+            except OSError:
+                pass
+    print(json.dumps({"found": found, "notebooks": notebooks, "tops": tops}))
+"""
+
+
+def test_nothing_outside_the_allowlist_is_visible(other_places, prepared, modes):
+    """Issue: everything world-readable outside a short list was visible: another clone of the
+    repository, last year's grades, rosters; a walk of / found notebooks with solutions. Here
+    everything a sandbox sees is walked but the system's and Python's own folders: no planted
+    file, no notebook, no repository's book/src."""
+    for mode in modes:
+        sb = _sandbox(prepared, mode)
+        skip = {"/proc", "/sys", "/dev", *SYSTEM, *(p for p in sb.shown() if p != sb.pkg_dir)}
+        try:
+            got = _probe(sb, WALK.replace("SKIP", repr(sorted(skip))).replace("MARK", repr(MARK)), seconds=120)
+        finally:
+            sb.close()
+        assert "no result" not in got, got
+        assert not got["found"] and not got["notebooks"], (mode, got)
+        assert not {"opt", "srv", "home", "mnt", "media", "var", "run"} & set(got["tops"]), (mode, got["tops"])
+
+
+# ----------------------------------------------------------------------------- links and file contents
+
+def test_a_linked_submission_is_refused_and_its_target_never_quoted(tmp_path, recorded_grader):
+    """Issue: links were read with the grader's rights and the 'unreadable' row quoted the
+    target's first bytes (a private key, a .env, /proc/self/environ); a link to a classmate's
+    notebook was graded as the linker's."""
+    klass = tmp_path / "class"
+    klass.mkdir()
+    key = tmp_path / "id_rsa"
+    key.write_text(f"{MARK}-private-key")
+    (tmp_path / "dotenv").write_text(f'{{"{MARK}": "env"}}')
+    victim = klass / "alice.ipynb"
+    victim.write_text(nbformat.writes(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1")])))
+    (klass / "bob.ipynb").symlink_to(victim)
+    (klass / "carol.ipynb").symlink_to(key)
+    (klass / "dave.ipynb").symlink_to(tmp_path / "dotenv")
+    (klass / "erin.ipynb").symlink_to("/proc/self/environ")
+    (klass / "notjson.ipynb").write_text(f"{MARK} not a notebook at all")
+    (klass / "notnb.ipynb").write_text(json.dumps({"nbformat": MARK, "cells": MARK}))
+    (klass / "linked-dir").symlink_to(tmp_path, target_is_directory=True)
+    found = [str(p.relative_to(klass)) for p in notebooks.find_notebooks([klass])]
+    assert not any(f.startswith("linked-dir") for f in found), found
+    for name in ("bob", "carol", "dave", "erin", "notjson", "notnb"):
+        rows = recorded_grader.grade_notebook(klass / f"{name}.ipynb")
+        assert [(r.exercise, r.status) for r in rows] == [("total", "unreadable")], (name, rows)
+        assert MARK not in rows[0].feedback and "bug" not in rows[0].feedback, (name, rows[0].feedback)
+    alice = recorded_grader.grade_notebook(victim)
+    assert alice[0].status == "unreadable" and "no exercise" in alice[0].feedback  # the real file is read
+
+
+# ----------------------------------------------------------------------------- keyrings and user namespaces
+
+KEYCTL, ADD_KEY, REQUEST_KEY = {"x86_64": (250, 248, 249), "aarch64": (219, 217, 218)}[os.uname().machine]
+KEY_PROBE = f"""
+    import ctypes, json, os, subprocess
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    out = {{}}
+    kid = libc.syscall({KEYCTL}, 10, ctypes.c_long(-3), b"user", b"{MARK}-grader", 0)  # KEYCTL_SEARCH @s
+    out["search"] = [kid, ctypes.get_errno()]
+    if kid > 0:
+        buf = ctypes.create_string_buffer(200)
+        n = libc.syscall({KEYCTL}, 11, ctypes.c_long(kid), buf, 200)  # KEYCTL_READ
+        out["read"] = buf.raw[:max(n, 0)].decode(errors="replace")
+    left = libc.syscall({KEYCTL}, 10, ctypes.c_long(-4), b"user", b"{MARK}-left", 0)   # left in @u by a classmate?
+    out["left"] = [left, ctypes.get_errno()]
+    for ring in (-3, -4, -5):  # session, user, user session
+        r = libc.syscall({ADD_KEY}, b"user", b"{MARK}-left", b"x", 1, ctypes.c_long(ring))
+        out[f"add {{ring}}"] = [r, ctypes.get_errno()]
+    r = libc.syscall({REQUEST_KEY}, b"user", b"{MARK}-grader", None, 0)
+    out["request"] = [r, ctypes.get_errno()]
+    try:
+        out["proc_keys"] = open("/proc/keys").read()
+    except OSError as e:
+        out["proc_keys"] = type(e).__name__
+    print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def grader_keyring():
+    """The grader's login keyring, as pam_keyinit sets one up, holding a secret (this test
+    process joins a session keyring of its own first, so nothing else of the machine's is used)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    if libc.syscall(KEYCTL, 1, f"{MARK}-login".encode(), 0, 0, 0) < 0:  # KEYCTL_JOIN_SESSION_KEYRING
+        pytest.skip(f"this kernel has no keyrings (errno {ctypes.get_errno()})")
+    secret = f"{MARK}-grader-payload".encode()
+    assert libc.syscall(ADD_KEY, b"user", f"{MARK}-grader".encode(), secret, len(secret), ctypes.c_long(-3)) > 0
+    return secret.decode()
+
+
+def test_no_keyring_is_reachable_in_any_mode(grader_keyring, prepared, modes):
+    """Issue: a sandboxed process read and added keys in the grader's session keyring, and in
+    root-drop mode a key left by one student was read by the next."""
+    for mode in modes:
+        for _ in range(2):  # the second sandbox would find what the first left
+            sb = _sandbox(prepared, mode)
+            try:
+                got = _probe(sb, KEY_PROBE)
+            finally:
+                sb.close()
+            assert "no result" not in got, got
+            assert got["search"][0] < 0 and got["left"][0] < 0 and got["request"][0] < 0, (mode, got)
+            assert all(v[0] < 0 for k, v in got.items() if k.startswith("add")), (mode, got)
+            assert grader_keyring not in json.dumps(got) and f"{MARK}-grader" not in got["proc_keys"], (mode, got)
+
+
+USERNS_PROBE = """
+    import ctypes, json, os, subprocess
+    libc = ctypes.CDLL(None, use_errno=True)
+    out = {}
+    r = subprocess.run(["unshare", "-Urm", "id", "-u"], capture_output=True, text=True)
+    out["unshare -Urm"] = [r.returncode, r.stdout.strip()]
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0 if libc.unshare(0x10000000) == 0 else 1)  # CLONE_NEWUSER
+    out["unshare(CLONE_NEWUSER)"] = os.waitpid(pid, 0)[1]
+    print(json.dumps(out))
+"""
+
+
+def test_no_user_namespace_can_be_made_in_any_mode(prepared, modes):
+    """Issue: in root-drop mode user namespaces were allowed (`unshare -Urm` gave a root
+    namespace inside)."""
+    for mode in modes:
+        sb = _sandbox(prepared, mode)
+        try:
+            got = _probe(sb, USERNS_PROBE)
+        finally:
+            sb.close()
+        assert "no result" not in got, got
+        assert got["unshare -Urm"][0] != 0 and got["unshare(CLONE_NEWUSER)"] != 0, (mode, got)
+
+
+# ----------------------------------------------------------------------------- fair shares
+
+def test_two_grading_runs_never_share_a_sandbox_user(prepared, modes):
+    """Issue: two grading runs on one machine gave their sandboxes the same user ids, so one
+    student's processes (counted per user) stopped the other run's kernels from starting."""
+    if "root-drop" not in modes:
+        pytest.skip("sandbox user ids are the grader's own choice only in root-drop mode")
+    runs = [_sandbox(prepared, "root-drop"), _sandbox(prepared, "root-drop")]
+    got = {}
+
+    def one(i):
+        got[i] = _probe(runs[i], "import json, os, time\ntime.sleep(2)\nprint(json.dumps({'uid': os.getuid()}))")
+
+    try:
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        for sb in runs:
+            sb.close()
+    assert "uid" in got[0] and "uid" in got[1], got
+    assert got[0]["uid"] != got[1]["uid"], got
+
+
+FLOOD = """
+    import json, subprocess, time
+    procs = []
+    for _ in range(150):  # each starts spinning once all are started
+        try:
+            procs.append(subprocess.Popen(["sh", "-c", "sleep 2; while :; do :; done"], start_new_session=True))
+        except OSError:
+            break
+    print(json.dumps({"started": len(procs)}), flush=True)
+    time.sleep(SECONDS)
+"""
+
+MEASURE = """
+    import json, time
+    time.sleep(5)  # the flood beside it is spinning by then
+    t0, c0 = time.monotonic(), time.process_time()
+    while time.monotonic() - t0 < 4:
+        pass
+    print(json.dumps({"share": (time.process_time() - c0) / (time.monotonic() - t0)}))
+"""
+
+
+def test_a_process_flood_does_not_starve_the_notebook_graded_beside_it(prepared, modes):
+    """Issue: with --jobs 2, 200 children that each called setsid() starved the classmate graded
+    beside them into a timeout. Here a flood of 150 busy processes runs beside a single busy
+    loop: the loop must still get a fair part of a core."""
+    sb = _sandbox(prepared)
+    if not sb.bounds().get("cpu"):
+        sb.close()
+        pytest.skip(f"no cgroups here: {sb.unbounded()}")
+    got = {}
+
+    def run(key, code, seconds):
+        got[key] = _probe(sb, code, seconds=seconds)
+
+    try:
+        flood = threading.Thread(target=run, args=("flood", FLOOD.replace("SECONDS", "9"), 25))
+        flood.start()
+        run("measure", MEASURE, 30)
+        flood.join()
+    finally:
+        sb.close()
+    assert got["flood"].get("started", 0) >= 100, got
+    # Without a CPU group each, the loop gets about 2 cores / 151 processes = 0.013 of a core.
+    assert got["measure"]["share"] >= 0.15, got
+
+
+HOG = """
+    import json, subprocess, sys
+    child = "import time; b = bytearray(300 << 20); b[::4096] = b'x' * len(b[::4096]); print('held', flush=True); time.sleep(4)"
+    procs = [subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE) for _ in range(5)]
+    held = sum(p.stdout.read().startswith(b"held") for p in procs)
+    print(json.dumps({"held": held}))
+"""
+
+
+def test_all_processes_of_a_sandbox_share_one_memory_limit(prepared, modes):
+    """Issue: limits were per process: children together held 7 GiB under a 3 GiB limit. Here
+    five children each take 300 MiB under a 512 MiB limit."""
+    sb = _sandbox(prepared)
+    try:
+        if not sb.bounds().get("memory"):
+            pytest.skip(f"no cgroups here: {sb.unbounded()}")
+        got = _probe(sb, HOG, limits=Limits(memory_mib=512), seconds=60)
+    finally:
+        sb.close()
+    assert "held" in got, got
+    assert got["held"] <= 3, got   # the group's limit is the memory limit plus the scratch folders
+
+
+# ----------------------------------------------------------------------------- parsing
+
+BANGS = "!ls\n" * 16_000   # 64 KiB
+
+
+def _plan_seconds(nb: nbformat.NotebookNode, limit: float) -> float | None:
+    """Seconds the grader's planning of ``nb`` takes in a fresh process (None: over ``limit``)."""
+    code = ("import sys, time, nbformat\nfrom experiments.grading import notebooks\n"
+            "nb = nbformat.reads(sys.stdin.read(), as_version=4)\nnotebooks.exercises()\nt0 = time.monotonic()\n"
+            "try:\n    notebooks.plan(nb, notebooks.notebook_exercises(nb))\nexcept notebooks.Unreadable:\n    pass\n"
+            "print(time.monotonic() - t0)\n")
+    try:
+        r = subprocess.run([sys.executable, "-c", code], input=nbformat.writes(nb), capture_output=True, text=True,
+                           timeout=limit + 15, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        return None
+    assert r.returncode == 0, r.stderr[-2000:]
+    return float(r.stdout.strip().splitlines()[-1])
+
+
+def test_a_pathological_cell_is_parsed_in_bounded_time():
+    """Issue: a 64 KiB cell of `!` lines cost the grader 150-270 s of its own CPU before any
+    sandbox, and the next notebook waited."""
+    tagged = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(BANGS + "pinned.check_rounding(4)")])
+    tagged.cells[0].metadata["exercise"] = "ex-pinned-rounding"
+    tagged.metadata["memlab"] = {"chapter": 3}
+    untagged = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(BANGS),
+                                               nbformat.v4.new_code_cell("pinned.check_rounding(4)")])
+    untagged.metadata["memlab"] = {"chapter": 3}
+    for nb in (tagged, untagged):
+        took = _plan_seconds(nb, 10)
+        assert took is not None and took < 2, took
+
+
+# ----------------------------------------------------------------------------- file names
+
+NAMES = {
+    "windows zip": b"L\x94sung.ipynb",
+    "carriage return": b"ok\r=HYPERLINK(\"http:x.example\",\"click\").ipynb",
+    "line feed": b"two\n@SUM(1+1)*cmd|' -C calc'!A0.ipynb",
+    "terminal": b"\x1b]2;owned\x07\x1b[31mred.ipynb",
+    "formula": b"=1+1.ipynb",
+    "upper case": b"Ch1.IPYNB",
+}
+
+
+def test_any_file_name_gives_a_safe_readable_row(tmp_path):
+    """Issue: one non-UTF-8 name (a Windows zip's 'Lösung.ipynb') lost the whole class's CSV; a
+    carriage return got =HYPERLINK formulas past the CSV guard; terminal escapes were printed
+    raw; a notebook named Ch1.IPYNB was refused or skipped."""
+    klass = tmp_path / "class"
+    klass.mkdir()
+    plain = nbformat.writes(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1")]))
+    for raw in NAMES.values():
+        with open(os.path.join(os.fsencode(klass), raw), "w") as f:
+            f.write(plain)
+    out = tmp_path / "grades.csv"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    runs = {}
+    for fmt, extra in (("csv", ["--out", str(out)]), ("json", ["--json"])):
+        runs[fmt] = subprocess.run([sys.executable, "-m", "experiments", "grade", str(klass), "--timeout", "60", *extra],
+                                   capture_output=True, env=env, timeout=300, cwd=tmp_path)
+    for fmt, r in runs.items():
+        assert r.returncode == 0, (fmt, r.stderr[-2000:])
+        for stream in (r.stdout, r.stderr):
+            assert b"\x1b" not in stream and b"\x07" not in stream, (fmt, stream[-500:])
+    text = out.read_bytes().decode("utf-8")   # the CSV exists and is UTF-8
+    rows = list(csv.DictReader(io.StringIO(text)))
+    assert len(rows) == len(NAMES), rows
+    for row in rows:
+        for value in row.values():
+            assert value.isprintable(), row
+            assert not value.startswith(("=", "+", "-", "@", "\t", "\r")), row
+    names = [r["notebook"] for r in rows]
+    assert any("sung" in n for n in names) and any(n.endswith("Ch1.IPYNB") for n in names), names
+    data = json.loads(runs["json"].stdout)
+    assert len(data) == len(NAMES) and all(d["notebook"].isprintable() for d in data), data
+
+
+def test_an_upper_case_notebook_given_by_name_is_graded(tmp_path):
+    path = tmp_path / "Ch3.IPYNB"
+    path.write_text(nbformat.writes(nbformat.v4.new_notebook()))
+    assert notebooks.find_notebooks([path]) == [path]
+
+
+# ----------------------------------------------------------------------------- chapters
+
+def _check_cell(label: str, call: str) -> nbformat.NotebookNode:
+    cell = nbformat.v4.new_code_cell(call)
+    cell.metadata["exercise"] = label
+    return cell
+
+
+def test_a_notebook_is_graded_on_its_own_chapter_only():
+    """Issue: a notebook was graded on every chapter it had check cells for, and the CSV had no
+    chapter column: the same answers counted in four files."""
+    assert "chapter" in grading.COLUMNS
+    ch1 = _check_cell("ex-alloc-22", 'al.check_pool_boundary_choice("b")')
+    ch3 = _check_cell("ex-pinned-rounding", "pinned.check_rounding(4)")
+    both = nbformat.v4.new_notebook(cells=[ch1, ch3])
+    with pytest.raises(notebooks.Unreadable, match="chapter"):
+        notebooks.notebook_exercises(both)
+    own = nbformat.v4.new_notebook(cells=[ch1, ch3])
+    own.metadata["memlab"] = {"chapter": 3}
+    assert {ex.chapter for ex in notebooks.notebook_exercises(own)} == {3}
+    plans = {p.ex.label: p for p in notebooks.plan(own, notebooks.notebook_exercises(own))}
+    assert "ex-alloc-22" not in plans and plans["ex-pinned-rounding"].expressions == {"answer_gib": "4"}
