@@ -338,7 +338,7 @@ def test_csv_and_json_have_the_columns(submissions):
     ch3 = [r for r in rows if Path(r.notebook).stem in ("right", "wrong", "blank", "raises", "endless", "cheat",
                                                       "deleted")]
     assert len(parsed) == len(rows) and len(ch3) == 7 * 6  # five exercises and the total, in each chapter 3 notebook
-    assert parsed[5] == {"notebook": rows[5].notebook, "exercise": "total", "score": "0",
+    assert parsed[5] == {"notebook": rows[5].notebook, "chapter": "3", "exercise": "total", "score": "0",
                          "max_score": "5", "status": "", "feedback": rows[5].feedback}
 
 
@@ -409,14 +409,14 @@ def test_cli_writes_the_csv_atomically_and_json(submissions, tmp_path, capsys, m
     code, out, err = _cli(["x.ipynb", "--out", out_csv], capsys)
     assert code == 0 and out == "" and "(5 exercise rows)" in err
     lines = out_csv.read_text().splitlines()
-    assert lines[0] == "notebook,exercise,score,max_score,status,feedback"
-    assert lines[1].endswith(",ex-pinned-guard,1,1,correct,correct")
+    assert lines[0] == "notebook,chapter,exercise,score,max_score,status,feedback"
+    assert lines[1].endswith(",3,ex-pinned-guard,1,1,correct,correct")
     assert lines[-1].endswith(",total,5,5,,\"4 correct, 1 needs_gpu\"")
     assert [p.name for p in tmp_path.iterdir()] == ["grades.csv"]  # no temporary file left
     code, out, err = _cli(["x.ipynb", "--json"], capsys)
     data = json.loads(out)
-    assert code == 0 and data[0] == {"notebook": rows[0].notebook, "exercise": "ex-pinned-guard", "score": 1.0,
-                                     "max_score": 1.0, "status": "correct", "feedback": "correct"}
+    assert code == 0 and data[0] == {"notebook": rows[0].notebook, "chapter": 3, "exercise": "ex-pinned-guard",
+                                     "score": 1.0, "max_score": 1.0, "status": "correct", "feedback": "correct"}
     assert [set(d) for d in data] == [set(grading.COLUMNS)] * len(rows)
 
 

@@ -590,3 +590,100 @@ def test_a_notebook_is_graded_on_its_own_chapter_only():
     assert {ex.chapter for ex in notebooks.notebook_exercises(own)} == {3}
     plans = {p.ex.label: p for p in notebooks.plan(own, notebooks.notebook_exercises(own))}
     assert "ex-alloc-22" not in plans and plans["ex-pinned-rounding"].expressions == {"answer_gib": "4"}
+
+
+# ----------------------------------------------------------------------------- on a GPU: the harness measures
+
+def _record(source: str, name: str) -> wire.FunctionAnswer:
+    return wire.FunctionAnswer({"name": name, "source": textwrap.dedent(source),
+                                "globals": {"torch": {"module": "torch"}}})
+
+
+LIVE_CASES = {
+    # label: [(what, source, name, expected status, words in the check's message)]
+    "ex-pinned-loader": [
+        ("the book's double-buffered loader", """
+            def my_loader(batches, n_buffers=2):
+                ring, copied = [], [None] * n_buffers
+                for k, batch in enumerate(batches):
+                    slot = k % n_buffers
+                    if len(ring) <= slot:
+                        ring.append(torch.empty(batch.shape, dtype=batch.dtype, pin_memory=True))
+                    if copied[slot] is not None:
+                        copied[slot].synchronize()
+                    ring[slot].copy_(batch)
+                    out = ring[slot].to("cuda", non_blocking=True)
+                    copied[slot] = torch.cuda.Event()
+                    copied[slot].record()
+                    yield out
+        """, "my_loader", "correct", ""),
+        ("a loader that waits for the GPU", """
+            def my_loader(batches, n_buffers=2):
+                for batch in batches:
+                    out = batch.to("cuda")
+                    torch.cuda.synchronize()
+                    yield out
+        """, "my_loader", "wrong", "waited for the GPU"),
+    ],
+    "ex-syncs-rewrite": [
+        ("the book's rewrite", """
+            def reduce_grad_stats_sync_free(local):
+                totals = local.sum(dim=0)
+                return torch.cat((totals[:1], totals[2:])), local[:, 1].max()
+        """, "reduce_grad_stats_sync_free", "correct", ""),
+        ("a rewrite that syncs in .item()", """
+            def reduce_grad_stats_sync_free(local):
+                totals = local.sum(dim=0)
+                top = local[:, 1].max().item()
+                return torch.cat((totals[:1], totals[2:])), torch.full((), top, device=local.device)
+        """, "reduce_grad_stats_sync_free", "wrong", "Still syncs"),
+    ],
+    "ex-streams-handoff": [
+        ("the book's event handoff", """
+            def my_handoff(all_gather, forward, layers, producer, consumer):
+                kept = None
+                for layer in range(layers):
+                    buf = all_gather(layer)
+                    done = forward(buf, layer)
+                    if kept is not None:
+                        producer.wait_event(kept[1])
+                    kept = (buf, done)
+                    del buf
+                if kept is not None:
+                    producer.wait_event(kept[1])
+        """, "my_handoff", "correct", ""),
+        ("a handoff with record_stream", """
+            def my_handoff(all_gather, forward, layers, producer, consumer):
+                for layer in range(layers):
+                    buf = all_gather(layer)
+                    forward(buf, layer)
+                    buf.record_stream(consumer)
+        """, "my_handoff", "wrong", "record_stream"),
+    ],
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("label", sorted(LIVE_CASES))
+def test_live_the_harness_measures_what_the_function_does(label):
+    """On a GPU, graded live: each GPU exercise's function runs in a child without the GPU and
+    its torch calls run in the harness, which measures them. The book's solution is correct;
+    an answer that waits, syncs or uses record_stream is judged wrong for that, from the
+    harness's own measurement; and a forger's report (written on every descriptor) is never
+    taken for one."""
+    from experiments.core.checks import EXERCISES
+
+    notebooks.exercises()
+    g = grading.Grader(live=True)
+    print(g.prepare())
+    try:
+        for what, source, name, status, words in LIVE_CASES[label]:
+            t0 = time.monotonic()
+            got = g._function(EXERCISES[label], _record(source, name), time.monotonic() + 300)
+            print(f"{label}, {what}: {got[0]} in {time.monotonic() - t0:.1f} s: {got[2] or got[1]}")
+            assert got[0] == status and words in got[2], (what, got)
+        forged = _forger({"event": "result", "kind": "report", "gpu": True, "report": FORGED_REPORTS[label]})
+        got = g._function(EXERCISES[label], forged, time.monotonic() + 300)
+        assert got[0] != "correct" and "bug in the grader" not in got[1], got
+    finally:
+        g.close()

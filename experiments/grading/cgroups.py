@@ -249,11 +249,17 @@ def _systemd() -> tuple[Cgroups | None, str]:
 
 
 def find() -> tuple[Cgroups | None, str]:
-    """A way to make a group per sandbox here, or (None, why not, in one line)."""
+    """A way to make a group per sandbox here, or (None, why not, in one line). A way counts
+    only once a whole group was made and limited that way (and removed again)."""
     mounts, own = _mounts(), _own_paths()
     why = []
     for attempt in (_systemd, lambda: _v2(mounts, own), lambda: _v1(mounts, own)):
         found, reason = attempt()
+        if found and found.kind != "systemd":
+            try:
+                found.make(Request(memory_bytes=PROBE_MEMORY, pids=77)).close()
+            except OSError as e:
+                found, reason = None, f"{found.kind}: cannot limit a group ({e.strerror or type(e).__name__})"
         if found:
             return found, ""
         why.append(reason)

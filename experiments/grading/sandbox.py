@@ -533,12 +533,18 @@ class Sandbox:
         self.groups, self.no_groups = cgroups.find()
         probe = "import experiments.grading.capture, nbclient, ipykernel; print('memlab-sandbox-ok')"
         why = []
-        for mode in self._modes():
-            self.mode = mode
-            out = self.run(["-c", probe], b"", seconds=90, limits=Limits(), module=None)
-            if out.returncode == 0 and any(b"memlab-sandbox-ok" in ln for ln in out.lines):
-                return self.describe()
-            why.append(f"{mode}: {out.last_error_line() or f'exit status {out.returncode}'}")
+        for _ in range(2):
+            for mode in self._modes():
+                self.mode = mode
+                out = self.run(["-c", probe], b"", seconds=90, limits=Limits(), module=None)
+                if out.returncode == 0 and any(b"memlab-sandbox-ok" in ln for ln in out.lines):
+                    return self.describe()
+                why.append(f"{mode}: {out.last_error_line() or f'exit status {out.returncode}'}")
+            if self.groups is None:
+                break
+            # groups made here that a sandbox cannot start in: try once more without them
+            self.no_groups = f"a sandbox could not start in a {self.groups.kind} group"
+            self.groups = None
         self.mode = None
         raise SandboxUnavailable("cannot start a bubblewrap sandbox here (" + "; ".join(why) + ")")
 
