@@ -307,6 +307,20 @@ KINDS = {"tensor": RemoteTensor, "stream": Stream, "event": Event, "iter": Remot
 _CHILD_OBJECTS: dict[int, Any] = {}
 
 
+def torch_tag(value: Any, torch: Any) -> dict[str, Any] | None:
+    """A torch descriptor (a size, a dtype, a layout, a memory format, a device) as the wire
+    carries it (both sides use this), or None for anything else."""
+    if torch is None:
+        return None
+    if isinstance(value, torch.Size):
+        return {"$size": [int(v) for v in value]}
+    if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)):
+        return {"$torch": str(value).removeprefix("torch.")}
+    if isinstance(value, torch.device):
+        return {"$device": str(value)}
+    return None
+
+
 def encode(value: Any, *, top: bool = False) -> Any:
     """A value as the wire carries it. Only a top-level result may be a generator or a
     function of this process (the harness then asks for it by number)."""
@@ -318,14 +332,9 @@ def encode(value: Any, *, top: bool = False) -> Any:
         return int(value)
     if isinstance(value, float):
         return float(value)
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        if isinstance(value, torch.Size):
-            return {"$size": [int(v) for v in value]}
-        if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)):
-            return {"$torch": str(value).removeprefix("torch.")}
-        if isinstance(value, torch.device):
-            return {"$device": str(value)}
+    tagged = torch_tag(value, sys.modules.get("torch"))
+    if tagged is not None:
+        return tagged
     if isinstance(value, tuple):
         return {"$tuple": [encode(v) for v in value]}
     if isinstance(value, list):

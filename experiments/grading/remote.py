@@ -30,6 +30,7 @@ import types
 from typing import Any, Callable, Mapping
 
 from . import wire
+from .answer import torch_tag
 
 CHILD = os.path.join(os.path.dirname(os.path.realpath(__file__)), "answer.py")
 MAX_LINE = 16 << 20
@@ -331,14 +332,9 @@ class Answer:
         kind = self.rules.kind(value)
         if kind is not None:
             return self._export(value, kind)
-        if self.remote_torch:
-            torch = self.rules.torch
-            if isinstance(value, torch.Size):
-                return {"$size": [int(v) for v in value]}
-            if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)):
-                return {"$torch": str(value).removeprefix("torch.")}
-            if isinstance(value, torch.device):
-                return {"$device": str(value)}
+        tagged = torch_tag(value, self.rules.torch) if self.remote_torch else None
+        if tagged is not None:
+            return tagged
         if isinstance(value, tuple):
             return {"$tuple": [self.encode(v, handed=handed, depth=depth + 1) for v in value]}
         if isinstance(value, list):

@@ -572,7 +572,7 @@ class Sandbox:
         if self.mode == "unsafe":
             scratch = tempfile.mkdtemp(prefix="memlab-unsafe-")
             try:
-                env = self.environment(mode=mode, home=scratch, pythonpath=self.pythonpath([os.path.dirname(self.pkg_dir)]))
+                env = self.environment(mode=mode, home=scratch, pythonpath=self.pythonpath(["/"]))
                 return _run(python, env, scratch, request, seconds=seconds, max_output=max_output, group_kill=True)
             finally:
                 shutil.rmtree(scratch, ignore_errors=True)
