@@ -17,6 +17,7 @@ file name gives a safe, readable row; a notebook is graded on its own chapter on
 """
 from __future__ import annotations
 
+import concurrent.futures
 import csv
 import ctypes
 import io
@@ -102,18 +103,33 @@ FORGED_REPORTS = {
 STUDENT_TEXT = f"{MARK} grading crashed: rerun with --unsafe-no-sandbox"
 
 
-def _forger(line: dict) -> wire.FunctionAnswer:
-    """A function answer whose source, when it is defined (or called), writes ``line`` on
-    every descriptor it can find and ends its process: no attempt at the exercise."""
-    text = json.dumps(line)
+def _forger(*lines: dict) -> wire.FunctionAnswer:
+    """A function answer whose source, when it is defined (or called), writes ``lines`` on every
+    descriptor it has and on every descriptor of another process it can open through /proc (the
+    harness's copy of stdout, bubblewrap's), then ends its process: no attempt at the exercise."""
+    text = "".join(json.dumps(line) + "\n" for line in lines)
     source = textwrap.dedent(f'''
         import os as _os
         def _forge():
+            data = {text!r}.encode()
             for _fd in range(0, 256):
                 try:
-                    _os.write(_fd, ({text!r} + "\\n").encode())
+                    _os.write(_fd, data)
                 except OSError:
                     pass
+            for _pid in _os.listdir("/proc"):
+                if _pid.isdigit() and int(_pid) != _os.getpid():
+                    try:
+                        _fds = _os.listdir(f"/proc/{{_pid}}/fd")
+                    except OSError:
+                        continue
+                    for _n in _fds:
+                        try:
+                            _w = _os.open(f"/proc/{{_pid}}/fd/{{_n}}", _os.O_WRONLY | _os.O_NONBLOCK)
+                            _os.write(_w, data)
+                            _os.close(_w)
+                        except OSError:
+                            pass
             _os._exit(0)
         _forge()
 
@@ -123,49 +139,75 @@ def _forger(line: dict) -> wire.FunctionAnswer:
     return wire.FunctionAnswer({"name": "answer", "source": source, "globals": {}})
 
 
-@pytest.fixture(scope="module")
-def live_grader():
-    """A grader in --live mode on this machine (no GPU here: what a forger claims is a lie)."""
-    g = grading.Grader(live=True)
-    g.prepare()
-    yield g
-    g.close()
+def _forged_report(label: str) -> wire.FunctionAnswer:
+    """A forger of a report its judge accepts, in every line format a harness has written (the
+    grader before issue 27 read ``{"event": "report"}``; now a ``result`` line)."""
+    report = FORGED_REPORTS[label]
+    return _forger({"event": "report", "report": report},
+                   {"event": "result", "kind": "report", "gpu": True, "report": report})
+
+
+# Lines a forger writes to be shown as a failure of the grader: one in the format the grader
+# read before issue 27 (one line: more would be refused as several results), and a result line
+# of each kind whose text a row shows.
+STUDENT_LINES = [{"event": "bug", "why": STUDENT_TEXT}] + \
+    [{"event": "result", "kind": kind, "gpu": True, "why": STUDENT_TEXT} for kind in ("bug", "raised", "rebuild")]
+
+
+def _graders(prepared: Sandbox) -> tuple[grading.Grader, grading.Grader]:
+    """A --live and a recorded grader that use ``prepared``'s way to sandbox (no second probe)."""
+    out = []
+    for live in (True, False):
+        g = grading.Grader(live=live)
+        g.sandbox.mode, g.sandbox.groups, g.sandbox.no_groups = prepared.mode, prepared.groups, prepared.no_groups
+        out.append(g)
+    return out[0], out[1]
 
 
 @pytest.fixture(scope="module")
-def recorded_grader():
-    g = grading.Grader()
-    g.prepare()
-    yield g
-    g.close()
+def graders(prepared):
+    live, recorded = _graders(prepared)
+    yield {"live": live, "recorded": recorded}
+    live.close()
+    recorded.close()
+
+
+@pytest.fixture(scope="module")
+def forged(graders):
+    """Every forger's run, two at a time (each a sandbox of its own): {label: (status, graded
+    feedback, full feedback)}; the GPU exercises graded --live (this machine has no GPU: a
+    report that says it has one is a lie), and a student's text as a grader bug (recorded)."""
+    from experiments.core.checks import EXERCISES
+
+    notebooks.exercises()
+    runs = {label: (graders["live"], _forged_report(label)) for label in FORGED_REPORTS}
+    runs["student text"] = (graders["recorded"], _forger(*STUDENT_LINES))
+    label_of = {"student text": "ex-alloc-frag-index"}
+
+    def one(key):
+        g, answer = runs[key]
+        return key, g._function(EXERCISES[label_of.get(key, key)], answer, time.monotonic() + 300)
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        return dict(pool.map(one, runs))
 
 
 @pytest.mark.parametrize("label", sorted(FORGED_REPORTS))
-def test_a_function_answer_cannot_write_its_own_gpu_report(live_grader, label):
+def test_a_function_answer_cannot_write_its_own_gpu_report(forged, label):
     """Issue: the function found the harness's copy of stdout, wrote a report its judge accepts
     (a GPU, no sync, every batch on time) and exited: full marks with no attempt, and the judge
     took the report's word that a GPU was there."""
-    from experiments.core.checks import EXERCISES
-
-    notebooks.exercises()
-    forged = _forger({"event": "report", "report": FORGED_REPORTS[label]})
-    status, text, full = live_grader._function(EXERCISES[label], forged, time.monotonic() + 120)
-    assert status != "correct", (status, text, full)
+    status, text, full = forged[label]
+    assert status == "error", (status, text, full)
     assert "bug in the grader" not in text + full
 
 
-def test_student_text_is_never_shown_as_a_grader_bug(recorded_grader):
+def test_student_text_is_never_shown_as_a_grader_bug(forged):
     """Issue: the same path let student text appear as 'a bug in the grader, please report it'
     and nudge the instructor toward --unsafe-no-sandbox."""
-    from experiments.core.checks import EXERCISES
-
-    notebooks.exercises()
-    for line in ({"event": "bug", "why": STUDENT_TEXT}, {"event": "raised", "why": STUDENT_TEXT},
-                 {"event": "rebuild", "why": STUDENT_TEXT}):
-        status, text, full = recorded_grader._function(EXERCISES["ex-alloc-frag-index"], _forger(line),
-                                                       time.monotonic() + 120)
-        assert status != "correct", (line, status, text)
-        assert "bug in the grader" not in text + full and MARK not in text + full, (line, status, text)
+    status, text, full = forged["student text"]
+    assert status == "error", (status, text, full)
+    assert "bug in the grader" not in text + full and MARK not in text + full and "unsafe" not in text + full
 
 
 # ----------------------------------------------------------------------------- what a sandbox can see
@@ -235,9 +277,14 @@ def other_places():
 
 
 WALK = """
-    import json, os
-    found, notebooks, tops = [], [], sorted(os.listdir("/"))
+    import json, os, time
+    planted = {p: os.path.exists(p) for p in PLANTED}
+    found, notebooks, tops, complete = [], [], sorted(os.listdir("/")), True
+    t0 = time.monotonic()
     for root, dirs, files in os.walk("/"):
+        if time.monotonic() - t0 > 40:   # all of a machine is far more than a sandbox shows
+            complete = False
+            break
         if root in SKIP:
             dirs[:] = []
             continue
@@ -251,7 +298,8 @@ WALK = """
                         found.append(path)
             except OSError:
                 pass
-    print(json.dumps({"found": found, "notebooks": notebooks, "tops": tops}))
+    print(json.dumps({"planted": planted, "found": found, "notebooks": notebooks[:20], "tops": tops,
+                      "complete": complete}))
 """
 
 
@@ -259,22 +307,25 @@ def test_nothing_outside_the_allowlist_is_visible(other_places, prepared, modes)
     """Issue: everything world-readable outside a short list was visible: another clone of the
     repository, last year's grades, rosters; a walk of / found notebooks with solutions. Here
     everything a sandbox sees is walked but the system's and Python's own folders: no planted
-    file, no notebook, no repository's book/src."""
+    file, no notebook, no repository's book/src, and the walk ends (a whole machine would not)."""
+    planted = [str(p) for d in other_places for p in [d, *d.rglob("*")]]
     for mode in modes:
         sb = _sandbox(prepared, mode)
         skip = {"/proc", "/sys", "/dev", *SYSTEM, *(p for p in sb.shown() if p != sb.pkg_dir)}
+        code = WALK.replace("SKIP", repr(sorted(skip))).replace("MARK", repr(MARK)).replace("PLANTED", repr(planted))
         try:
-            got = _probe(sb, WALK.replace("SKIP", repr(sorted(skip))).replace("MARK", repr(MARK)), seconds=120)
+            got = _probe(sb, code, seconds=90)
         finally:
             sb.close()
         assert "no result" not in got, got
-        assert not got["found"] and not got["notebooks"], (mode, got)
+        assert not any(got["planted"].values()) and not got["found"], (mode, got)
+        assert not got["notebooks"] and got["complete"], (mode, got)
         assert not {"opt", "srv", "home", "mnt", "media", "var", "run"} & set(got["tops"]), (mode, got["tops"])
 
 
 # ----------------------------------------------------------------------------- links and file contents
 
-def test_a_linked_submission_is_refused_and_its_target_never_quoted(tmp_path, recorded_grader):
+def test_a_linked_submission_is_refused_and_its_target_never_quoted(tmp_path, graders):
     """Issue: links were read with the grader's rights and the 'unreadable' row quoted the
     target's first bytes (a private key, a .env, /proc/self/environ); a link to a classmate's
     notebook was graded as the linker's."""
@@ -294,11 +345,14 @@ def test_a_linked_submission_is_refused_and_its_target_never_quoted(tmp_path, re
     (klass / "linked-dir").symlink_to(tmp_path, target_is_directory=True)
     found = [str(p.relative_to(klass)) for p in notebooks.find_notebooks([klass])]
     assert not any(f.startswith("linked-dir") for f in found), found
+    grader = graders["recorded"]
     for name in ("bob", "carol", "dave", "erin", "notjson", "notnb"):
-        rows = recorded_grader.grade_notebook(klass / f"{name}.ipynb")
+        rows = grader.grade_notebook(klass / f"{name}.ipynb")
         assert [(r.exercise, r.status) for r in rows] == [("total", "unreadable")], (name, rows)
         assert MARK not in rows[0].feedback and "bug" not in rows[0].feedback, (name, rows[0].feedback)
-    alice = recorded_grader.grade_notebook(victim)
+        # a link is refused as a link (the classmate's notebook is not read as bob's)
+        assert ("link" in rows[0].feedback) == (name in ("bob", "carol", "dave", "erin")), (name, rows[0].feedback)
+    alice = grader.grade_notebook(victim)
     assert alice[0].status == "unreadable" and "no exercise" in alice[0].feedback  # the real file is read
 
 
@@ -455,9 +509,13 @@ def test_a_process_flood_does_not_starve_the_notebook_graded_beside_it(prepared,
         flood.join()
     finally:
         sb.close()
-    assert got["flood"].get("started", 0) >= 100, got
-    # Without a CPU group each, the loop gets about 2 cores / 151 processes = 0.013 of a core.
-    assert got["measure"]["share"] >= 0.15, got
+    started = got["flood"].get("started", 0)
+    assert started >= 100, got
+    # Without a CPU group each, the loop is one of started + 1 busy processes: about 2 cores / 151
+    # = 0.013 of a core on a 2-core machine (0.013 measured before issue 27). With one, the two
+    # sandboxes weigh the same, whatever else the machine runs (a loaded test machine: 0.1-0.5).
+    unfair = len(os.sched_getaffinity(0)) / (started + 1)
+    assert got["measure"]["share"] >= 4 * unfair, (got, unfair)
 
 
 HOG = """
@@ -483,38 +541,79 @@ def test_all_processes_of_a_sandbox_share_one_memory_limit(prepared, modes):
     assert got["held"] <= 3, got   # the group's limit is the memory limit plus the scratch folders
 
 
+def test_grade_says_what_it_cannot_bound_where_no_control_group_can_be_made(tmp_path, monkeypatch):
+    """Issue: where cgroups are not available, `grade` must say what it cannot bound. Here the
+    machine is made to look like one without any (no systemd-run, no cgroup mount): the
+    sandbox still starts, and the line `grade` prints names what is left per process."""
+    from experiments.grading import cgroups
+
+    monkeypatch.setattr(cgroups, "_systemd", lambda: (None, "no systemd-run"))
+    monkeypatch.setattr(cgroups, "_mounts", lambda: [])
+    nb = tmp_path / "notes.ipynb"
+    nb.write_text(nbformat.writes(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1")])))
+    lines: list[str] = []
+    rows = grading.grade([nb], progress=lines.append)
+    assert [r.status for r in rows] == ["unreadable"]
+    said = lines[0]
+    assert "NOT BOUNDED" in said and "no control group" in said, said
+    for what in ("memory is limited per process only", "share the CPU", "processes are counted per user"):
+        assert what in said, (what, said)
+
+
 # ----------------------------------------------------------------------------- parsing
 
 BANGS = "!ls\n" * 16_000   # 64 KiB
 
 
-def _plan_seconds(nb: nbformat.NotebookNode, limit: float) -> float | None:
-    """Seconds the grader's planning of ``nb`` takes in a fresh process (None: over ``limit``)."""
-    code = ("import sys, time, nbformat\nfrom experiments.grading import notebooks\n"
-            "nb = nbformat.reads(sys.stdin.read(), as_version=4)\nnotebooks.exercises()\nt0 = time.monotonic()\n"
-            "try:\n    notebooks.plan(nb, notebooks.notebook_exercises(nb))\nexcept notebooks.Unreadable:\n    pass\n"
-            "print(time.monotonic() - t0)\n")
+PLAN = """
+import json, sys, time, nbformat
+from experiments.grading import notebooks
+notebooks.exercises()
+for text in json.loads(sys.stdin.read()):
+    nb = nbformat.reads(text, as_version=4)
+    c0 = time.process_time()
     try:
-        r = subprocess.run([sys.executable, "-c", code], input=nbformat.writes(nb), capture_output=True, text=True,
-                           timeout=limit + 15, cwd=ROOT)
+        got = {p.ex.label: [p.status, p.expressions] for p in notebooks.plan(nb, notebooks.notebook_exercises(nb))}
+    except notebooks.Unreadable:
+        got = None
+    print(json.dumps([time.process_time() - c0, got]), flush=True)
+"""
+
+
+def _plans(nbs: list[nbformat.NotebookNode], limit: float) -> list:
+    """[(CPU seconds the grader's planning of a notebook takes, {label: [status, answer
+    expressions]})] in one fresh process; a notebook not planned within ``limit`` wall seconds
+    (all of them, with the process's start) is missing from the list."""
+    proc = subprocess.Popen([sys.executable, "-c", PLAN], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        out, err = proc.communicate(json.dumps([nbformat.writes(nb) for nb in nbs]), timeout=limit)
     except subprocess.TimeoutExpired:
-        return None
-    assert r.returncode == 0, r.stderr[-2000:]
-    return float(r.stdout.strip().splitlines()[-1])
+        proc.kill()
+        out, err = proc.communicate()
+    return [json.loads(line) for line in out.splitlines() if line.startswith("[")]
 
 
 def test_a_pathological_cell_is_parsed_in_bounded_time():
     """Issue: a 64 KiB cell of `!` lines cost the grader 150-270 s of its own CPU before any
-    sandbox, and the next notebook waited."""
-    tagged = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(BANGS + "pinned.check_rounding(4)")])
-    tagged.cells[0].metadata["exercise"] = "ex-pinned-rounding"
-    tagged.metadata["memlab"] = {"chapter": 3}
-    untagged = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(BANGS),
-                                               nbformat.v4.new_code_cell("pinned.check_rounding(4)")])
-    untagged.metadata["memlab"] = {"chapter": 3}
-    for nb in (tagged, untagged):
-        took = _plan_seconds(nb, 10)
-        assert took is not None and took < 2, took
+    sandbox, and the next notebook waited. Now only tagged cells are parsed, each linearly and
+    within a size limit: the tagged cell's check call is found; the same lines in an untagged
+    cell are not read; a larger check cell is that exercise's error row."""
+    def notebook(*cells, tag=None):
+        nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+        if tag is not None:
+            nb.cells[tag].metadata["exercise"] = "ex-pinned-rounding"
+        nb.metadata["memlab"] = {"chapter": 3}
+        return nb
+
+    check = "pinned.check_rounding(4)"
+    nbs = [notebook(BANGS + check, tag=0), notebook(BANGS, check), notebook(BANGS + BANGS + check, tag=0)]
+    got = _plans(nbs, 120)   # the process's start (torch, the chapters) takes most of that when loaded
+    assert len(got) == 3, got
+    assert all(cpu < 2 for cpu, _ in got), [cpu for cpu, _ in got]   # CPU seconds, not wall: a loaded machine is fair
+    assert got[0][1]["ex-pinned-rounding"] == [None, {"answer_gib": "4"}]
+    assert got[1][1]["ex-pinned-rounding"][0] == "missing"
+    assert got[2][1]["ex-pinned-rounding"][0] == "error"
 
 
 # ----------------------------------------------------------------------------- file names
@@ -529,10 +628,11 @@ NAMES = {
 }
 
 
-def test_any_file_name_gives_a_safe_readable_row(tmp_path):
+def test_any_file_name_gives_a_safe_readable_row(tmp_path, graders):
     """Issue: one non-UTF-8 name (a Windows zip's 'Lösung.ipynb') lost the whole class's CSV; a
     carriage return got =HYPERLINK formulas past the CSV guard; terminal escapes were printed
-    raw; a notebook named Ch1.IPYNB was refused or skipped."""
+    raw; a notebook named Ch1.IPYNB was refused or skipped. The class is graded as an
+    instructor grades it (the CLI, its progress lines); the JSON from the same rows."""
     klass = tmp_path / "class"
     klass.mkdir()
     plain = nbformat.writes(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1")]))
@@ -541,14 +641,13 @@ def test_any_file_name_gives_a_safe_readable_row(tmp_path):
             f.write(plain)
     out = tmp_path / "grades.csv"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    runs = {}
-    for fmt, extra in (("csv", ["--out", str(out)]), ("json", ["--json"])):
-        runs[fmt] = subprocess.run([sys.executable, "-m", "experiments", "grade", str(klass), "--timeout", "60", *extra],
-                                   capture_output=True, env=env, timeout=300, cwd=tmp_path)
-    for fmt, r in runs.items():
-        assert r.returncode == 0, (fmt, r.stderr[-2000:])
-        for stream in (r.stdout, r.stderr):
-            assert b"\x1b" not in stream and b"\x07" not in stream, (fmt, stream[-500:])
+    r = subprocess.run([sys.executable, "-m", "experiments", "grade", str(klass), "--timeout", "60", "--out", str(out)],
+                       capture_output=True, env=env, timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    for stream in (r.stdout, r.stderr):
+        assert b"\x1b" not in stream and b"\x07" not in stream and b"\r" not in stream, stream[-500:]
+    progress = r.stderr.decode("utf-8").splitlines()   # UTF-8, one line per notebook
+    assert sum(line.startswith("[") for line in progress) == len(NAMES), progress
     text = out.read_bytes().decode("utf-8")   # the CSV exists and is UTF-8
     rows = list(csv.DictReader(io.StringIO(text)))
     assert len(rows) == len(NAMES), rows
@@ -557,9 +656,31 @@ def test_any_file_name_gives_a_safe_readable_row(tmp_path):
             assert value.isprintable(), row
             assert not value.startswith(("=", "+", "-", "@", "\t", "\r")), row
     names = [r["notebook"] for r in rows]
-    assert any("sung" in n for n in names) and any(n.endswith("Ch1.IPYNB") for n in names), names
-    data = json.loads(runs["json"].stdout)
+    assert any("Lösung" in n for n in names) and any(n.endswith("Ch1.IPYNB") for n in names), names
+    graded = [row for path in notebooks.find_notebooks([klass]) for row in graders["recorded"].grade_notebook(path)]
+    data = json.loads(grading.rows_to_json(graded))
     assert len(data) == len(NAMES) and all(d["notebook"].isprintable() for d in data), data
+    assert sorted(d["notebook"] for d in data) == sorted(names)
+
+
+# What a spreadsheet (Excel, LibreOffice, Google Sheets) reads as the start of a formula,
+# fullwidth forms included (OWASP's CSV injection note).
+SPREADSHEET_FORMULA = ("=", "+", "-", "@", "\t", "\r", "\uff1d", "\uff0b", "\uff0d", "\uff20")
+FORMULAS = ["=HYPERLINK(\"http://x.example\",\"click\")", "\r=1+1", "\t=1+1", " =1+1", "+1", "-1+1", "@SUM(A1)",
+            "\uff1d1+1", "ok\r\n=1+1", "\x1b[31m=1+1"]
+
+
+def test_every_csv_cell_is_guarded_against_formulas():
+    """Issue: a carriage return got =HYPERLINK(...) past the CSV guard (it looked at the first
+    character only). Every cell of every column: no control character, and nothing a
+    spreadsheet runs as a formula at a cell's start or a line's start."""
+    fields = grading.Row.__dataclass_fields__
+    rows = [grading.Row(**{k: v for k, v in dict(notebook=f, chapter=3, exercise=f, score=0.0, max_score=1.0,
+                                                   status=f, feedback=f).items() if k in fields}) for f in FORMULAS]
+    for row in csv.reader(io.StringIO(grading.rows_to_csv(rows))):
+        for cell in row:
+            assert cell.isprintable(), row
+            assert not cell.lstrip(" ").startswith(SPREADSHEET_FORMULA), row
 
 
 def test_an_upper_case_notebook_given_by_name_is_graded(tmp_path):

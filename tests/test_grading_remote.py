@@ -220,6 +220,16 @@ def test_a_child_that_ends_or_scribbles_on_the_wire_ends_the_run():
             fn()
     finally:
         a.close()
+    # a well-formed reply that names an object the harness never handed out (a TypeError in the
+    # harness before: an Exception, which a harness records as the answer's or as its own bug)
+    forged = scribble.replace("b'not json\\n'", "b'{\"re\": \"value\", \"value\": {\"$o\": 999}}\\n'")
+    assert forged != scribble
+    a, fn = _answer(forged, "f", remote=False, globals_={})
+    try:
+        with pytest.raises(AnswerProtocolError):
+            fn()
+    finally:
+        a.close()
 
 
 def test_the_child_inherits_no_descriptor_but_its_socket():

@@ -220,7 +220,10 @@ class Answer:
                 continue
             kind = m.get("re")
             if kind == "value":
-                return self.decode(m.get("value"), results=True)
+                try:
+                    return self.decode(m.get("value"), results=True)
+                except TypeError:  # a reference this process never handed out: the wire was written on
+                    raise AnswerProtocolError("a reply the wire has no form for") from None
             if kind == "stop":
                 raise StopIteration
             if kind == "raised":
