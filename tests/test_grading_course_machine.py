@@ -258,6 +258,41 @@ def test_the_working_folder_and_pythonpath_are_not_shown_again(course, prepared,
         assert not leaked, (mode, leaked)
 
 
+def test_packages_on_pythonpath_outside_hidden_places_are_imported(tmp_path, prepared, monkeypatch):
+    """Not an attack: what the allowlist must keep. Packages installed on PYTHONPATH (as the GPU
+    machine's are: `pip install --target`) under /opt or /usr/local are imported in the sandbox;
+    one under a hidden place (/tmp) is not shown."""
+    if not ROOT_USER:
+        pytest.skip("planting packages under /opt and /usr/local needs root (CI runs as root)")
+    name = MARK.replace("-", "_")
+    places = {"opt": Path("/opt") / f"{MARK}-site", "usr": Path("/usr/local/lib") / f"{MARK}-site",
+              "tmp": tmp_path / "site"}
+    try:
+        for where, folder in places.items():
+            (folder / f"{name}_{where}").mkdir(parents=True)
+            (folder / f"{name}_{where}" / "__init__.py").write_text(f"WHERE = {where!r}\n")
+            os.chmod(folder, 0o755)
+        monkeypatch.setenv("PYTHONPATH", os.pathsep.join(str(f) for f in places.values()))
+        sb = _sandbox(prepared)
+        try:
+            got = _probe(sb, f"""
+                import importlib, json
+                out = {{}}
+                for where in ("opt", "usr", "tmp"):
+                    try:
+                        out[where] = importlib.import_module("{name}_" + where).WHERE
+                    except ImportError as e:
+                        out[where] = type(e).__name__
+                print(json.dumps(out))
+            """)
+        finally:
+            sb.close()
+    finally:
+        for folder in places.values():
+            shutil.rmtree(folder, ignore_errors=True)
+    assert got == {"opt": "opt", "usr": "usr", "tmp": "ModuleNotFoundError"}, got
+
+
 @pytest.fixture
 def other_places():
     """As root: another clone of the repository's solutions under /opt and last year's grades

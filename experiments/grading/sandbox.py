@@ -388,11 +388,15 @@ class Sandbox:
         return sorted(h for h in self.hidden() if os.path.isdir(h) and any(_inside(h, s) and h != s for s in shown))
 
     def pythonpath(self, shown: Sequence[str]) -> str:
+        """The sandbox's PYTHONPATH: the package's folder, then the grader's PYTHONPATH entries
+        that a sandbox sees (inside ``shown`` or the system's folders, such as packages
+        installed with ``pip --target /usr/local/lib/...``)."""
         entries = [os.path.dirname(self.pkg_dir)]
         if self._meta:
             entries.append(self._meta)
+        seen = [*shown, *(s for s in SYSTEM if os.path.isdir(s) and not os.path.islink(s))]
         for p in os.environ.get("PYTHONPATH", "").split(os.pathsep):
-            if p and os.path.isdir(p) and any(_inside(_real(p), s) for s in shown):
+            if p and os.path.isdir(p) and any(_inside(_real(p), s) for s in seen):
                 entries.append(_real(p))
         return ":".join(dict.fromkeys(entries))
 
