@@ -6,9 +6,10 @@ nothing in ``core`` or in a chapter imports it.
 
 - :mod:`.notebooks`: finding submissions (never through a link) and their tagged check
   cells, within size and time limits; safe names;
-- :mod:`.sandbox`: the bubblewrap sandbox (an allowlist of the file system) and the limits
-  every submission runs under; :mod:`.seccomp` (its filter: no keyring, no new user
-  namespace) and :mod:`.cgroups` (a control group per sandbox, where the machine allows);
+- :mod:`.sandbox`: the bubblewrap sandbox and the limits every submission runs under;
+  :mod:`.allowlist` (what of the file system it shows), :mod:`.seccomp` (its filter: no
+  keyring, no new user namespace) and :mod:`.cgroups` (a control group per sandbox, where
+  the machine allows);
 - :mod:`.runner` (in the sandbox): runs a notebook with a capture cell after each check cell;
 - :mod:`.capture` (in the student's kernel): answers as plain data;
 - :mod:`.harness` (in a fresh sandbox): runs an answer that is a function through its

@@ -2,7 +2,7 @@
 
 What a sandboxed process gets (:meth:`Sandbox.command` builds it):
 
-- **an allowlist of the file system, read-only** (:meth:`Sandbox.shown`): the system's
+- **an allowlist of the file system, read-only** (:mod:`.allowlist`): the system's
   programs and libraries (``/usr`` and the ``/bin``, ``/sbin``, ``/lib*`` beside it), the
   parts of ``/etc`` that programs need to start (the dynamic loader's files, time zone,
   fonts, Python's own folders; ``passwd``, ``group``, ``hosts`` and ``hostname`` are the
@@ -70,10 +70,8 @@ import os
 import random
 import shutil
 import signal
-import site
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import threading
 import time
@@ -81,16 +79,6 @@ from pathlib import Path
 from typing import Any, Sequence
 
 SCRATCH = "/tmp/work"
-# Places never shown in a sandbox, and that nothing shown may contain: homes, temporary and
-# runtime folders, mounts, served files.
-HIDDEN = ("/home", "/root", "/tmp", "/var/tmp", "/run", "/mnt", "/media", "/srv")
-# The system's programs and libraries (symbolic links where /usr is merged).
-SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-# What of /etc programs need to start (the dynamic loader, time, fonts, Python's own folders
-# on Debian, the GPU driver's profiles); whatever of these exists is shown.
-ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "ld.so.preload", "alternatives", "localtime", "timezone",
-       "nsswitch.conf", "host.conf", "gai.conf", "fonts", "mime.types", "os-release", "lsb-release",
-       "debian_version", "nvidia", "matplotlibrc", "python3*")
 BWRAP_ENV = "CUDA_MEMLAB_BWRAP"  # a bwrap binary to use instead of the one on PATH
 NOBODY = 65534
 FIRST_UID = 2_000_000_000   # the user ids of sandboxes when bwrap runs as root without a user namespace
@@ -233,14 +221,6 @@ def _bwrap() -> str | None:
     return shutil.which("bwrap")
 
 
-def _real(p: str | os.PathLike[str]) -> str:
-    return os.path.realpath(os.fspath(p))
-
-
-def _inside(path: str, folder: str) -> bool:
-    return path == folder or folder == "/" or path.startswith(folder.rstrip("/") + "/")
-
-
 class _UidLock:
     """A user id of the sandbox's own while it runs, unique on this machine across grading
     runs: an exclusive lock on a file per id, in a folder only root can write."""
@@ -283,17 +263,20 @@ class Sandbox:
 
     def __init__(self, *, live: bool = False, hide: Sequence[str | os.PathLike[str]] = (), unsafe: bool = False):
         self.live, self.unsafe = live, unsafe
-        self.pkg_dir = _real(Path(__file__).resolve().parent.parent)  # experiments/
+        from .allowlist import View, real
+
+        self.pkg_dir = real(Path(__file__).resolve().parent.parent)  # experiments/
         parent = os.path.dirname(self.pkg_dir)
         self.checkout = parent if any(os.path.exists(os.path.join(parent, m))
                                       for m in ("pyproject.toml", "setup.py", ".git")) else None
-        self.extra_hidden = [_real(p) for p in hide]
+        self.extra_hidden = [real(p) for p in hide]
         self.mode: str | None = None
         self.groups: Any = None                 # cgroups.Cgroups, or None
         self.no_groups = "not prepared"
         self._tmp = tempfile.mkdtemp(prefix="memlab-grade-")
         self._meta = self._distribution_stub()
-        self._etc = self._own_etc()
+        self.view = View(pkg_dir=self.pkg_dir, checkout=self.checkout, extra_hidden=self.extra_hidden, meta=self._meta,
+                         etc=self._own_etc(), live=live)
 
     # ------------------------------------------------------------------ layout
 
@@ -328,77 +311,16 @@ class Sandbox:
         return out
 
     def hidden(self) -> list[str]:
-        """The places no sandbox shows, and that nothing shown may contain (real paths):
-        homes, temporary and runtime folders, the grader's working folder, the repository
-        around the package, the submissions' and output's folders."""
-        cands = [*HIDDEN, os.environ.get("HOME", ""), str(Path.home()), os.getcwd(), *self.extra_hidden]
-        if self.checkout:
-            cands.append(self.checkout)
-        return sorted({_real(c) for c in cands if c and c != "/"})
-
-    def _python_paths(self) -> list[str]:
-        """Python's installation, the virtual environment and the folders of installed
-        packages, as Python itself reports them (never sys.path[0] or PYTHONPATH)."""
-        cands = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
-                 os.path.dirname(_real(sys.executable)), os.path.dirname(os.path.abspath(sys.executable))}
-        paths = sysconfig.get_paths()
-        cands |= {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
-        try:
-            cands |= set(site.getsitepackages())
-        except AttributeError:  # an old virtualenv's site module
-            pass
-        return sorted({_real(c) for c in cands if c and os.path.isdir(c)})
-
-    def _extra_paths(self) -> list[str]:
-        """Folders of sys.path, PYTHONPATH and LD_LIBRARY_PATH that may be shown: outside
-        every hidden place (a user's home, the working folder, the repository, the
-        submissions, /tmp...) and holding none of them."""
-        cands = [p for p in sys.path if p]
-        cands += [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-        cands += [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p]
-        hidden = self.hidden()
-        out = set()
-        for c in cands:
-            if not os.path.isabs(c) or not os.path.isdir(c):
-                continue
-            r = _real(c)
-            if r == "/" or any(_inside(r, h) or _inside(h, r) for h in hidden):
-                continue
-            out.add(r)
-        return sorted(out)
+        """The places no sandbox shows (:meth:`.allowlist.View.hidden`)."""
+        return self.view.hidden()
 
     def shown(self) -> list[str]:
-        """The folders and files bound read-only into every sandbox, at their own paths
-        (outermost only; the system folders and /etc's files are added by :meth:`command`)."""
-        hidden = self.hidden()
-        wanted = set(self._python_paths()) | {self.pkg_dir} | set(self._extra_paths())
-        if self._meta:
-            wanted.add(self._meta)
-        out = set()
-        for w in wanted:
-            if any(_inside(w, s) for s in SYSTEM if os.path.isdir(s) and not os.path.islink(s)):
-                continue                      # shown with the system anyway
-            if any(_inside(h, w) for h in hidden) and w != self._meta:
-                continue                      # would show a hidden place: a home, the repository
-            out.add(w)
-        return sorted(o for o in out if not any(p != o and _inside(o, p) for p in out))
-
-    def covered(self, shown: Sequence[str]) -> list[str]:
-        """Hidden places that lie inside something shown: covered by an empty folder."""
-        return sorted(h for h in self.hidden() if os.path.isdir(h) and any(_inside(h, s) and h != s for s in shown))
+        """What every sandbox shows, read-only (:meth:`.allowlist.View.shown`)."""
+        return self.view.shown()
 
     def pythonpath(self, shown: Sequence[str]) -> str:
-        """The sandbox's PYTHONPATH: the package's folder, then the grader's PYTHONPATH entries
-        that a sandbox sees (inside ``shown`` or the system's folders, such as packages
-        installed with ``pip --target /usr/local/lib/...``)."""
-        entries = [os.path.dirname(self.pkg_dir)]
-        if self._meta:
-            entries.append(self._meta)
-        seen = [*shown, *(s for s in SYSTEM if os.path.isdir(s) and not os.path.islink(s))]
-        for p in os.environ.get("PYTHONPATH", "").split(os.pathsep):
-            if p and os.path.isdir(p) and any(_inside(_real(p), s) for s in seen):
-                entries.append(_real(p))
-        return ":".join(dict.fromkeys(entries))
+        """The sandbox's PYTHONPATH (:meth:`.allowlist.View.pythonpath`)."""
+        return self.view.pythonpath(shown)
 
     def environment(self, *, mode: str, home: str, pythonpath: str) -> dict[str, str]:
         """The whole environment of a sandboxed process: nothing of the grader's but these."""
@@ -419,55 +341,12 @@ class Sandbox:
                 env[name] = os.environ[name]
         return env
 
-    def _filesystem(self, scratch_mib: int) -> list[str]:
-        """bwrap's arguments for the allowlist (a new, empty root; then the binds)."""
-        bw: list[str] = []
-        dirs: set[str] = set()
-
-        def parents(path: str) -> None:
-            # bwrap would make missing mount points 0700: make the folders on the way traversable
-            parts = path.strip("/").split("/")[:-1]
-            for k in range(1, len(parts) + 1):
-                d = "/" + "/".join(parts[:k])
-                if d not in dirs:
-                    dirs.add(d)
-                    bw.extend(["--perms", "0755", "--dir", d])
-
-        for s in SYSTEM:
-            if os.path.islink(s):
-                bw += ["--symlink", os.readlink(s), s]
-            elif os.path.isdir(s):
-                bw += ["--ro-bind", s, s]
-        bw += ["--perms", "0755", "--dir", "/etc"]
-        dirs.add("/etc")
-        for pattern in ETC:
-            for path in sorted(glob.glob(os.path.join("/etc", pattern))):
-                if os.path.lexists(path):
-                    bw += ["--ro-bind", path, path] if not os.path.islink(path) else ["--symlink", os.readlink(path), path]
-        for dest, src in self._etc.items():
-            bw += ["--ro-bind", src, dest]
-        bw += ["--dev", "/dev", "--proc", "/proc", "--ro-bind", "/sys", "/sys"]
-        bw += ["--size", str(SHM_MIB << 20), "--perms", "1777", "--tmpfs", "/dev/shm"]
-        if self.live:
-            for node in sorted(glob.glob("/dev/nvidia*")):
-                if os.path.exists(node):
-                    bw += ["--dev-bind", node, node]
-        shown = self.shown()
-        for s in shown:
-            parents(s)
-            bw += ["--ro-bind", s, s]
-        for h in self.covered(shown):
-            bw += ["--perms", "0755", "--tmpfs", h, "--remount-ro", h]
-        bw += ["--perms", "0755", "--dir", "/tmp"]
-        bw += ["--size", str(int(scratch_mib) << 20), "--perms", "1777", "--tmpfs", SCRATCH]
-        bw += ["--remount-ro", "/dev", "--remount-ro", "/"]
-        return bw
-
     def command(self, argv: Sequence[str], *, mode: str, scratch_mib: int, uid: int | None = None,
                 seccomp_fd: int | None = None) -> list[str]:
         """The bwrap command line that runs ``argv`` in the sandbox of the given ``mode``
         ('nobody', 'root-drop' or 'user'), with the seccomp filter read from ``seccomp_fd``."""
-        bw = [_bwrap() or "bwrap", *self._filesystem(scratch_mib), "--chdir", SCRATCH, "--hostname", "sandbox",
+        fs = self.view.bwrap_args(scratch=SCRATCH, scratch_mib=scratch_mib, shm_mib=SHM_MIB)
+        bw = [_bwrap() or "bwrap", *fs, "--chdir", SCRATCH, "--hostname", "sandbox",
               "--die-with-parent", "--new-session"]
         if seccomp_fd is not None:
             bw += ["--seccomp", str(seccomp_fd)]
