@@ -202,6 +202,30 @@ def test_plain_answers_need_no_torch_and_rebuild_errors_are_the_students():
         a.close()
 
 
+def test_text_the_childs_code_sends_never_becomes_the_grader_s():
+    """Issue 27: student text must never show as the grader's. A source that, while it is
+    defined, answers the load itself on its socket (the child's only descriptor) with a
+    reason of its own gets the harness's reason instead: only a type name or a function name
+    of the record crosses."""
+    text = "a bug in the grader, please report it: rerun with --unsafe-no-sandbox"
+    for reply in ({"re": "rebuild", "why": text}, {"re": "rebuild", "raised": text, "missing": text},
+                  {"re": "rebuild", "missing": text}, {"re": "rebuild", "missing": [text]},
+                  {"re": "rebuild", "raised": {"x": 1}}):
+        source = ("import json, os, sys, time\n"
+                  f"os.write(int(sys.argv[1]), (json.dumps({reply!r}) + '\\n').encode())\n"
+                  "time.sleep(30)\n"
+                  "def f():\n    return 1\n")
+        a = Answer(remote_torch=False)
+        try:
+            with pytest.raises(Rebuild) as got:
+                a.load({"name": "f", "source": source, "globals": {}})
+        finally:
+            a.close()
+        assert "grader" not in str(got.value) and "unsafe" not in str(got.value), str(got.value)
+        assert str(got.value) in ("its source defines no function 'f'",
+                                  "its source raised an exception when defined"), str(got.value)
+
+
 def test_a_child_that_ends_or_scribbles_on_the_wire_ends_the_run():
     """The student's code can end its process or write on the socket it is called through:
     the run ends there (AnswerEnded / AnswerProtocolError are no ``Exception``, so a harness's

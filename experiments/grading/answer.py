@@ -42,7 +42,13 @@ MAX_LINE = 16 << 20
 
 
 class RebuildError(ValueError):
-    """The submitted function cannot be rebuilt from its source (the student's code)."""
+    """The submitted function cannot be rebuilt from its source (the student's code).
+    ``raised``: the type name of what its source raised when defined; ``missing``: the name
+    of the function it does not define. Only these go back to the harness, never a message."""
+
+    def __init__(self, message: str, *, raised: str | None = None, missing: str | None = None) -> None:
+        super().__init__(message)
+        self.raised, self.missing = raised, missing
 
 
 def rebuild(record: dict[str, Any], ns: dict[str, Any] | None = None) -> Callable[..., Any]:
@@ -78,13 +84,13 @@ def rebuild(record: dict[str, Any], ns: dict[str, Any] | None = None) -> Callabl
     try:
         exec(compile(source, filename, "exec"), space)  # noqa: S102 - this process is the sandbox's
     except Exception as e:
-        raise RebuildError(f"its source raised {type(e).__name__} when defined") from None
+        raise RebuildError(f"its source raised {type(e).__name__} when defined", raised=type(e).__name__) from None
     fn = space.get(record["name"])
     if record["name"] != "<lambda>" and isinstance(fn, types.FunctionType):
         return fn
     new = [v for k, v in space.items() if isinstance(v, types.FunctionType) and before.get(k) != id(v)]
     if not new:
-        raise RebuildError(f"its source defines no function {record['name']!r}")
+        raise RebuildError(f"its source defines no function {record['name']!r}", missing=record["name"])
     return new[-1]
 
 
@@ -491,7 +497,7 @@ def main(argv: list[str]) -> int:
                 fn = rebuild(msg["record"])
                 conn.send({"re": "loaded"})
             except RebuildError as e:
-                conn.send({"re": "rebuild", "why": str(e)[:200]})
+                conn.send({"re": "rebuild", "raised": e.raised, "missing": e.missing})
             except Exception as e:  # torch missing here, say: the harness reports it
                 conn.send({"re": "raised", "type": type(e).__name__, "msg": str(e)[:300]})
             continue

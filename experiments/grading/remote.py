@@ -256,8 +256,21 @@ class Answer:
         if not isinstance(reply, dict) or reply.get("re") not in ("loaded", "rebuild"):
             raise AnswerProtocolError("no answer to the load")
         if reply.get("re") == "rebuild":
-            raise Rebuild(str(reply.get("why", ""))[:200])
+            raise Rebuild(self._rebuild_reason(reply))
         return self._stand_in(self._record)
+
+    def _rebuild_reason(self, reply: dict[str, Any]) -> str:
+        """Why the function could not be rebuilt, in this process's words: the child (the
+        student's code) names only an exception's type or one of the record's function names;
+        any other text it sends is left out (it could pose as the grader's)."""
+        raised = reply.get("raised")
+        if raised is not None:
+            # a class name is all an exception's type can be; anything else is the student's text
+            ok = isinstance(raised, str) and raised.isidentifier() and len(raised) <= 60
+            return f"its source raised {raised if ok else 'an exception'} when defined"
+        missing = reply.get("missing")
+        name = missing if isinstance(missing, str) and missing in _record_names(self._record) else self._record["name"]
+        return f"its source defines no function {name!r}"
 
     def load(self, record: dict[str, Any]) -> Callable[..., Any]:
         """:meth:`begin_load` and :meth:`end_load`."""
@@ -486,6 +499,15 @@ class ChildIterator:
 
     def __next__(self) -> Any:
         return self.answer.next(self.cid)
+
+
+def _record_names(record: dict[str, Any], depth: int = 0) -> set[str]:
+    """The function names a (checked) record and its helpers declare."""
+    names = {record["name"]}
+    for entry in record.get("globals", {}).values():
+        if "function" in entry and depth < wire.MAX_FUNCTION_DEPTH:
+            names |= _record_names(entry["function"], depth + 1)
+    return names
 
 
 def _harness_own(error: BaseException) -> bool:
