@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import pytest
 
-from experiments.doctor import engine as engine_module
-from experiments.doctor import rules
-from experiments.doctor.engine import Engine, EngineOutOfMemory
-from experiments.doctor.replay import replay
-from experiments.doctor.rules import AllocatorConfig
-from experiments.doctor.trace import read
-from experiments.doctor.whatif import what_if
+from experiments.doctor.model import engine as engine_module
+from experiments.doctor.model import rules
+from experiments.doctor.model.engine import Engine, EngineOutOfMemory
+from experiments.doctor.replaying.replay import replay
+from experiments.doctor.model.rules import AllocatorConfig
+from experiments.doctor.reading.trace import read
+from experiments.doctor.answers.whatif import WhatIf, what_if
 
 MiB = 2**20
 EXPANDABLE = AllocatorConfig(expandable_segments=True)
@@ -70,7 +70,7 @@ def test_a_record_stream_trace_replays_and_its_expandable_what_if_runs():
             (base + 60 * MiB, 14 * MiB, s, (0, 0), [(base + 60 * MiB, 14 * MiB, "inactive")])]
     run = replay(read(_snapshot(ev, segs)))
     assert run.matches_trace, run.first_mismatch
-    w, _ = what_if(run, EXPANDABLE, "expandable_segments:True")
+    w, _ = what_if(run, WhatIf("expandable_segments:True", EXPANDABLE))
     # pages: 20 MiB, then 40 more (the first block pending), then 20 more for 13 MiB (both pending)
     assert w.peak_reserved_bytes == 80 * MiB and w.final_reserved_bytes == 80 * MiB
     assert not w.exact and w.uncertain == ["record_stream completion timing"]
