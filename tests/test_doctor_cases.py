@@ -273,7 +273,7 @@ def test_the_earlier_recordings_stay_exact():
 def test_live_record_stream_pages_case_replays_exactly_on_this_gpu(setting):
     """prefetch_pages (buffers that fill expandable pages, freed while their record_stream
     events are pending) run live in a fresh process: the doctor replays it exactly, and its
-    expandable what-if from the default run runs (the crash of issue 17)."""
+    expandable what-if from the default run runs (an earlier engine crashed on it)."""
     from experiments.core.runner import run_fresh
 
     value = run_fresh("experiments.doctor.lab.cases:case_worker", {"case": "prefetch_pages"},
@@ -285,3 +285,25 @@ def test_live_record_stream_pages_case_replays_exactly_on_this_gpu(setting):
     w, _ = what_if(run, WhatIf.parse("expandable_segments:True"),
                    total_memory=trace.total_memory)
     assert w.peak_reserved_bytes >= run.final_reserved_bytes
+
+
+@pytest.mark.gpu
+def test_a_capped_case_records_as_the_lab_did_and_writes_its_pickle(tmp_path):
+    """The lab's capped program (cap_two_streams, 1 GiB) run live in a fresh process, as
+    ``record --experiment alloc.doctor_cases`` runs it: the cap the allocator enforced is the
+    recording's (the same fraction of the same GPU), the replay is exact, the GPU's counters agree,
+    and the raw snapshot is written whole (gzip'd pickle the doctor reads)."""
+    from experiments.core.runner import run_fresh
+
+    path = tmp_path / "cap_two_streams.pickle.gz"
+    value = run_fresh("experiments.doctor.lab.cases:case_worker",
+                      {"case": "cap_two_streams", "frames": True, "pickle_path": str(path)}, timeout_s=300).unwrap()
+    recorded = _run("cap_two_streams", "")
+    if value["device_total_bytes"] == recorded["device_total_bytes"]:
+        assert value["snapshot"]["memory_cap_bytes"] == recorded["snapshot"]["memory_cap_bytes"]
+    assert value["snapshot"]["memory_cap_bytes"] <= doctor_cases.CASES["cap_two_streams"][0]
+    run = replay(read(value))
+    assert run.matches_trace, run.first_mismatch
+    assert (run.final_reserved_bytes, run.oom_events) == (value["final"]["reserved_bytes.all.current"],
+                                                          value["final"]["num_ooms"])
+    assert replay(read(str(path))).matches_trace and not list(tmp_path.glob(".*.tmp"))

@@ -1,4 +1,4 @@
-"""The allocator doctor on hostile and malformed snapshots (issue 17, item 3).
+"""The allocator doctor on hostile and malformed snapshots.
 
 Each input is made here, then given to ``python -m experiments doctor`` in a fresh process
 with a 2 GiB address-space limit. Expected of every one: exit status 2, one line on stderr

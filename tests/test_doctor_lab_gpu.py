@@ -56,8 +56,8 @@ def test_snapshot_of_this_process_started_late():
 
 
 def test_own_snapshot_is_one_fresh_process_of_a_few_seconds_and_replays_exactly():
-    """Chapter 1's live doctor section records one snapshot of the reader's GPU (issue 17:
-    the section took 77 s when it recorded the lab's 21 settings live)."""
+    """Chapter 1's live doctor section records one snapshot of the reader's GPU (the section
+    took 77 s when it recorded the lab's 21 settings live: a live page has 60 s)."""
     import time
 
     from experiments.doctor.lab.snapshots import own_snapshot
@@ -74,7 +74,7 @@ def test_own_snapshot_is_one_fresh_process_of_a_few_seconds_and_replays_exactly(
 
 
 def test_chapter_1_runs_live_in_60_seconds():
-    """The whole chapter 1 notebook, live on this GPU, in at most 60 s (issue 17 item 7).
+    """The whole chapter 1 notebook, live on this GPU, in at most 60 s (a live page's budget).
     Needs nbclient, nbformat and ipykernel (carry them to the GPU machine)."""
     import time
 

@@ -125,7 +125,7 @@ def test_what_if_for_the_real_model_ranks_the_settings_like_the_gpu(replays):
 
 def test_expandable_range_is_one_and_an_eighth_of_the_device():
     """GPU (H200, 2.11): alloc 60 GiB, 1 GiB, 60 GiB; free A, C; empty_cache; alloc 100 GiB - 10 MiB
-    leaves 1,040 MiB + 102,400 MiB reserved, the big one in a new range (issue 11)."""
+    leaves 1,040 MiB + 102,400 MiB reserved, the big one in a new range."""
     run = RUNS[("expandable_range", "expandable_segments:True")]
     big = next(p for p in run["phases"] if p["phase"] == "big")
     assert big["reserved_bytes.all.current"] == (1040 + 102400) * MiB
@@ -201,8 +201,8 @@ def test_cli_json_has_the_promised_fields(snap_file):
     out = _cli(str(snap_file), "--json", "--what-if", "expandable_segments:True", "--what-if", "max_split_size_mb:64")
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
-    # issue 11's four fields are still there; issue 17 added format, device_total_bytes, cap_bytes,
-    # cap_source, oom and suggestion (experiments.doctor.answers.report.JSON_FIELDS)
+    # the first format's four fields are still there, beside format, device_total_bytes, cap_bytes,
+    # cap_source, oom and suggestion (experiments.doctor.answers.report.JSON_FIELDS): none is removed
     assert {"trace_events", "settings", "replay", "what_if"} <= set(doc)
     assert doc["replay"]["matches_trace"] is True and doc["replay"]["first_mismatch"] is None
     assert doc["replay"]["final_reserved_bytes"] == RUNS[("cap", "")]["final"]["reserved_bytes.all.current"]
