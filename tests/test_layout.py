@@ -401,7 +401,8 @@ def engine_state_touched(sources: dict[str, tuple[Path, str]]) -> list[str]:
 
 def test_only_the_engine_touches_its_state():
     """The replay reaches the engine through its public seams (seed_segment, malloc_releases,
-    can_serve, segment_bases): each allocator rule is written once, in the engine."""
+    can_serve, release_cached_events, segment_bases): each allocator rule is written once, in
+    the engine."""
     assert engine_state_touched(_sources()) == []
 
 

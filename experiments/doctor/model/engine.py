@@ -33,8 +33,9 @@ decisions that then depended on an address the driver did not give. Sizes are in
 Its state is its own: the replay reaches it through a few public seams only
 (:meth:`Engine.seed_segment`, a segment that existed before a recording began;
 :meth:`Engine.malloc_releases`, whether malloc's slow path would release cached memory for a
-request; :meth:`Engine.can_serve`, whether a pool's cached blocks could serve one), so that
-each rule of the allocator is written once, here.
+request; :meth:`Engine.can_serve`, whether a pool's cached blocks could serve one;
+:meth:`Engine.release_cached_events`, what an ``empty_cache`` would release), so that each
+rule of the allocator is written once, here.
 """
 from __future__ import annotations
 
@@ -759,12 +760,25 @@ class Engine:
         for fl in self._lists_to_release(pool_id):
             for b in fl.blocks.values():
                 if b.seg.expandable:
-                    page = self.page(b.seg.small)
-                    off = b.addr - b.seg.addr
-                    if (off + b.size) // page > -(-off // page):
+                    begin, end = self._whole_pages(b)
+                    if end > begin:
                         out.append(b)
                 elif b.prev is None and b.next is None:
                     out.append(b)
+        return out
+
+    def release_cached_events(self, pool_id: tuple[int, int] = DEFAULT_POOL) -> list[tuple[str, int, int]]:
+        """The segment events (as :attr:`events` holds them: ``segment_free`` of a whole segment,
+        ``segment_unmap`` of the whole pages of an expandable block) that
+        :meth:`release_cached_blocks` would make now, in no particular order; no change, pending
+        frees ignored. The replay asks it to tell an ``empty_cache`` from a MemPool's release."""
+        out = []
+        for b in self.release_cached_plan(pool_id):
+            if b.seg.expandable:
+                begin, end = self._whole_pages(b)
+                out.append(("segment_unmap", begin, end - begin))
+            else:
+                out.append(("segment_free", b.seg.addr, b.seg.size))
         return out
 
     def release_cached_blocks(self, pool_id: tuple[int, int] = DEFAULT_POOL) -> None:
@@ -888,10 +902,7 @@ class Engine:
         """Unmap the whole pages inside the free expandable ``block``; the partial pages at
         either end stay mapped and free; a range with nothing mapped left is released (C++
         ``unmap_block``, ``release_expandable_segment``, RULES.md §C.3)."""
-        page = self.page(block.seg.small)
-        base = block.seg.addr
-        begin = base + -(-(block.addr - base) // page) * page
-        end = base + ((block.addr + block.size - base) // page) * page
+        begin, end = self._whole_pages(block)
         if end <= begin:
             return
         fl.remove(block)
@@ -944,6 +955,14 @@ class Engine:
         if fl is None:
             fl = self._free[key] = _FreeList()
         return fl
+
+    def _whole_pages(self, block: Block) -> tuple[int, int]:
+        # [begin, end) of the whole pages inside an expandable block (empty when end <= begin):
+        # what unmapping it releases; the partial pages at either end stay mapped (RULES.md §C.3)
+        page = self.page(block.seg.small)
+        base = block.seg.addr
+        return (base + -(-(block.addr - base) // page) * page,
+                base + ((block.addr + block.size - base) // page) * page)
 
     def _cap_refuses(self, alloc: int) -> bool:
         # alloc_block's check against the cap (set_per_process_memory_fraction), RULES.md §A.11

@@ -355,19 +355,6 @@ class _Replayer:
             eng.freeable.update(new)
             self.requests.add_extra((R_FREEABLE, tuple(new)))
 
-    def _release_events(self, blocks: list) -> list[tuple[int, int, int]]:
-        out = []
-        for b in blocks:
-            seg = b.seg
-            if seg.expandable:
-                page = self.engine.page(seg.small)
-                begin = seg.addr + -(-(b.addr - seg.addr) // page) * page
-                end = seg.addr + ((b.addr + b.size - seg.addr) // page) * page
-                out.append((SEG_UNMAP, begin, end - begin))
-            else:
-                out.append((SEG_FREE, seg.addr, seg.size))
-        return sorted(out)
-
     def _flush_empty(self, i: int, buf: list[int], check: bool = True) -> None:
         if not buf:
             return
@@ -383,7 +370,7 @@ class _Replayer:
         pool_id = DEFAULT_POOL
         if DEFAULT_POOL not in pools and len(pools) == 1:
             expected = sorted((ev[j][0], ev[j][1], ev[j][2]) for j in buf)
-            if self._release_events(eng.release_cached_plan(DEFAULT_POOL)) != expected:
+            if sorted((_CODES[a], addr, size) for a, addr, size in eng.release_cached_events(DEFAULT_POOL)) != expected:
                 pool_id = next(iter(pools))
         eng.empty_cache(pool_id)
         self.requests.add_empty(pool_id)
