@@ -1,6 +1,6 @@
-"""Speed and memory of the allocator doctor on a real recorded trace (issue 17, item 4).
+"""Speed and memory of the allocator doctor on a real recorded trace.
 
-The trace: the eager training loop of ``experiments.allocator.doctor_cases`` (about 450,000
+The trace: the eager training loop of ``experiments.doctor.lab.cases`` (about 450,000
 events), its raw ``torch.cuda.memory._snapshot()`` pickle gzip'd, as ``python -m experiments
 record --experiment alloc.doctor_cases`` writes it on the lab GPU
 (``benchmarks/data/doctor_cases/eager_long.pickle.gz``: ``doctor_cases.pickle_dir()``);
@@ -37,15 +37,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from experiments.doctor.engine import Engine  # noqa: E402
-from experiments.doctor.loader import read_bytes  # noqa: E402
-from experiments.doctor.replay import replay  # noqa: E402
-from experiments.doctor.rules import AllocatorConfig  # noqa: E402
-from experiments.doctor.suggest import run_many, suggest  # noqa: E402
-from experiments.doctor.trace import Trace, read  # noqa: E402
+from experiments.doctor.answers.suggest import run_many, suggest  # noqa: E402
+from experiments.doctor.answers.whatif import WhatIf  # noqa: E402
+from experiments.doctor.model.engine import Engine  # noqa: E402
+from experiments.doctor.model.rules import H200_TOTAL_MEMORY, AllocatorConfig  # noqa: E402
+from experiments.doctor.reading.loader import read_bytes  # noqa: E402
+from experiments.doctor.reading.trace import Trace, read  # noqa: E402
+from experiments.doctor.replaying.replay import replay  # noqa: E402
 
 WHAT_IFS = ("expandable_segments:True", "max_split_size_mb:64", "roundup_power2_divisions:4")
-# Where the lab GPU's recording is written (experiments/allocator/doctor_cases.py pickle_dir;
+# Where the lab GPU's recording is written (experiments/doctor/lab/cases.py pickle_dir;
 # not imported from there: that module registers an experiment and imports the registry).
 LONG_TRACE = ROOT / "benchmarks" / "data" / "doctor_cases" / "eager_long.pickle.gz"
 
@@ -120,10 +121,11 @@ def real_trace(path: Path, repeat: int) -> None:
     run, w_rep, c_rep = timed(lambda: replay(trace, series=False), repeat)
     print(f"replay: {n / w_rep:,.0f} events per wall second, {n / c_rep:,.0f} per CPU second "
           f"(target >= 500,000: {verdict(n / c_rep >= 500_000)}; matches the trace: {run.matches_trace})")
-    total = trace.total_memory or 150_109_880_320
-    _, w_wi, c_wi = timed(lambda: run_many(run, WHAT_IFS, cap_bytes=trace.cap_bytes, total_memory=total, workers=1),
+    total = trace.total_memory or H200_TOTAL_MEMORY
+    parsed = [WhatIf.parse(s) for s in WHAT_IFS]
+    _, w_wi, c_wi = timed(lambda: run_many(run, parsed, cap_bytes=trace.cap_bytes, total_memory=total, workers=1),
                           max(1, repeat // 2))
-    _, w_wp, _ = timed(lambda: run_many(run, WHAT_IFS, cap_bytes=trace.cap_bytes, total_memory=total),
+    _, w_wp, _ = timed(lambda: run_many(run, parsed, cap_bytes=trace.cap_bytes, total_memory=total),
                        max(1, repeat // 2))
     print(f"three what-ifs: {c_wi:.2f} s CPU in one process = {c_wi / c_rep:.1f}x the replay (target <= 3x: "
           f"{verdict(c_wi <= 3 * c_rep)}); {w_wp:.2f} s wall spread over the cores")

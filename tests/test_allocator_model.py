@@ -2,7 +2,7 @@
 and seed-posts.md §4.3 (all measured on the lab GPU with torch 2.11)."""
 import pytest
 
-from experiments.doctor.engine import Engine, EngineOutOfMemory
+from experiments.doctor.model.engine import Engine, EngineOutOfMemory
 from experiments.allocator.model import (
     KiB, MiB, AllocatorConfig, compact_layout, format_bytes, get_allocation_size, get_pool,
     normalize_ops, parse_roundup_divisions, parse_size, round_size, should_split,

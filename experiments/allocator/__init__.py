@@ -34,10 +34,10 @@ from .fresh import (  # noqa: F401
 from .predict import (  # noqa: F401
     predict_graph_pools, predict_oom,
 )
-from ..doctor.report import (  # noqa: F401  (the doctor: a package of its own, experiments.doctor)
+from ..doctor.answers.report import (  # noqa: F401  (the doctor: a package of its own, experiments.doctor)
     doctor, Report,
 )
-from .doctor_gpu import own_snapshot  # noqa: F401
+from ..doctor.lab.snapshots import own_snapshot  # noqa: F401
 from .snapshot import (  # noqa: F401
     fragmentation_index, layout_summary, load_snapshot, parse_oom_message, parse_segments,
 )

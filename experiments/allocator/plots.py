@@ -16,7 +16,7 @@ from ..core.tables import Table
 from ..core.units import mib
 from ..core.plotting import (MIN_FONT_PT, PALETTE, figure_function, is_narrow, legend_below, memory_timeline,
                               new_figure, pick, segment_map, stamp)
-from ..doctor.report import Report, doctor
+from ..doctor.answers.report import Report, doctor
 
 ORDER_LABELS = {"small_first": "small tensors first", "large_first": "large tensors first",
                 "increasing": "increasing batch size", "decreasing": "decreasing batch size"}

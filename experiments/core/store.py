@@ -13,7 +13,6 @@ import datetime as _dt
 import json
 import math
 import os
-import tempfile
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -21,6 +20,7 @@ from typing import Any, Iterable, Mapping
 import jsonschema
 
 from .device import Provenance, gpu_slug
+from .files import write_atomic
 
 PACKAGE_RECORDED_DIR = Path(__file__).resolve().parent.parent / "recorded"
 FORMAT_VERSION = 1
@@ -183,23 +183,6 @@ def recorded_gpus(experiment: str, root: Path | None = None) -> list[str]:
     return sorted(p.stem for p in folder.glob("*.json"))
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-
-
 def save(
     experiment: str,
     chapter: int,
@@ -220,7 +203,7 @@ def save(
     doc = rec.to_document()
     validate_document(doc, data_schema, where=f"{experiment} on {provenance.gpu_name}")
     path = path_for(experiment, provenance.gpu_name, root)
-    _atomic_write_text(path, json.dumps(doc, indent=1, sort_keys=False, allow_nan=False) + "\n")
+    write_atomic(path, json.dumps(doc, indent=1, sort_keys=False, allow_nan=False) + "\n")
     return path
 
 

@@ -4,11 +4,11 @@ before the memory is spent). Every path that opens a snapshot comes through :fun
 
 Accepted inputs: a ``torch.cuda.memory._dump_snapshot`` pickle (protocols 0 to 5; torch writes
 4, Python 3.14's default is 5), the same gzip'd, a JSON file in torch's dict form, the
-doctor's compact JSON form (:func:`experiments.doctor.trace.compact_snapshot`, whose trace is
+doctor's compact JSON form (:func:`experiments.doctor.reading.trace.compact_snapshot`, whose trace is
 zlib-compressed text), a recorded run of ``alloc.doctor_snapshots``, or an already loaded
 dict (``torch.cuda.memory._snapshot()``).
 
-Errors: :class:`InputError` (a subclass of ValueError) for anything wrong with what the user
+Errors: :class:`~experiments.doctor.errors.InputError` (a subclass of ValueError) for anything wrong with what the user
 gave: a missing or unreadable file, a pickle that names code, a limit exceeded, a wrong field
 type or an impossible value, each in one line naming the field and, for trace entries, the
 entry. Any other exception out of the doctor is a bug in it (the command line says so).
@@ -25,29 +25,12 @@ from array import array
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ..core.units import format_bytes
-from .entries import PickleRefused
+from ...core.units import format_bytes
+from ..errors import PickleRefused, SnapshotError, SnapshotNotFoundError
 from .rows import ACTION_CODE, ADDR_LIMIT, OOM_CODE, SIZE_LIMIT, UNKNOWN_CODE, Rows
-from .unpickle import Reader
+from .unpickler import Reader
 
 GZIP_MAGIC = b"\x1f\x8b"
-
-
-class InputError(ValueError):
-    """Something wrong with what the user gave the doctor (the message says what, in one line)."""
-
-
-class SnapshotError(InputError):
-    """The input is not a memory snapshot the doctor can read (the message says why)."""
-
-
-class SnapshotNotFoundError(SnapshotError, FileNotFoundError):
-    """The snapshot's path names no file (also a FileNotFoundError, as Python's open raises)."""
-
-
-class ImpossibleTraceError(SnapshotError):
-    """The trace describes something no allocator can do (a free of an address no segment
-    holds, a zero-byte request): the message names the trace entry."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,7 +143,7 @@ def load(source: str | Path | bytes | Mapping[str, Any], limits: Limits = DEFAUL
          need_trace: bool = True) -> Any:
     """A snapshot dict from a path, bytes, or a dict (see the module docstring).
 
-    The traces of a pickle come back as :class:`experiments.doctor.rows.Rows` tables
+    The traces of a pickle come back as :class:`experiments.doctor.reading.rows.Rows` tables
     (they read like lists of dicts); a dict given as such is returned with its traces as they
     are. A recorded run of ``alloc.doctor_snapshots`` is unwrapped to its snapshot, with the
     run's settings as ``recorded_settings``.

@@ -6,32 +6,34 @@ The state is the exact replay stopped just after the trace's first ``oom`` entry
 the allocator's out-of-memory path released what it could (RULES.md §A.10): whatever is still
 reserved then is held by segments that live blocks pin, or is in pieces too small or in the
 wrong pool or stream for the request. The settings come from the grid of
-:mod:`experiments.doctor.suggest` (or the what-ifs given): a setting fits the request when its
-what-if served the request the GPU refused.
+:mod:`experiments.doctor.answers.suggest` (or the what-ifs given): a setting fits the request
+when its what-if served the request the GPU refused.
 """
 from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from .replay import R_RETRY, Run, replay
-from .requestlog import as_requests
-from .rules import get_allocation_size, get_pool, round_size
-from .trace import OOM, SEG_FREE, SEG_UNMAP, Trace
+from ..model.rules import get_allocation_size, get_pool, round_size
+from ..reading.rows import OOM, SEG_FREE, SEG_UNMAP
+from ..replaying.replay import replay
+from ..replaying.requests import R_RETRY, as_requests
+from ..replaying.run import Run
 
 TOP_SEGMENTS = 5
 TOP_BLOCKS = 4
 MAX_FRAMES = 8
 
 
-def first_oom(trace: Trace) -> int | None:
-    """The trace index of the first 'oom' entry, or None."""
+def first_oom(trace: Any) -> int | None:
+    """The trace index of the first 'oom' entry of ``trace`` (a
+    :class:`~experiments.doctor.reading.trace.Trace`, as everywhere in this module), or None."""
     try:
         return trace.events.codes.index(OOM)
     except ValueError:
         return None
 
 
-def infer_cap(trace: Trace, total_memory: int) -> int | None:
+def infer_cap(trace: Any, total_memory: int) -> int | None:
     """A memory cap for a snapshot that records none but ran out of memory: the bytes the
     allocator held after its out-of-memory path plus what the driver said was free then (the
     'oom' entry's device_free). Exact when the device itself was full and other processes held
@@ -53,7 +55,7 @@ def infer_cap(trace: Trace, total_memory: int) -> int | None:
     return reserved + ev.addrs[j]
 
 
-def _frames_of(trace: Trace, key: int | None, addr: int) -> list[list[Any]]:
+def _frames_of(trace: Any, key: int | None, addr: int) -> list[list[Any]]:
     if key is not None and key < len(trace.events):
         frames = trace.frames(key)
     else:
@@ -70,7 +72,7 @@ def your_frame(frames: Sequence[Sequence[Any]]) -> Sequence[Any] | None:
     return frames[0] if frames else None
 
 
-def explain(trace: Trace, base: Run, *, cap_bytes: int | None, total_memory: int,
+def explain(trace: Any, base: Run, *, cap_bytes: int | None, total_memory: int,
             grid: Mapping[str, Run] | None = None) -> dict[str, Any] | None:
     """The explanation of the trace's first OOM (None when it has none). Fields (bytes):
     event_index, request_bytes, rounded_bytes, segment_bytes (what cudaMalloc was asked for),
@@ -130,7 +132,7 @@ def explain(trace: Trace, base: Run, *, cap_bytes: int | None, total_memory: int
     return out
 
 
-def _retry_index(trace: Trace, base: Run, j: int) -> int | None:
+def _retry_index(trace: Any, base: Run, j: int) -> int | None:
     """The index in the replay's requests of the request that failed at trace event ``j``: the
     replay keeps one R_RETRY request per 'oom' entry, in order."""
     nth = trace.events.codes[:j].count(OOM)

@@ -1,33 +1,69 @@
 """What-ifs: the requests of an exact replay, run again under other allocator settings or a cap.
 
-:func:`what_if` takes the request list that :func:`experiments.doctor.replay.replay` recovered
-from a trace (alloc, free_requested, free_completed, inferred empty_cache, failed requests)
-and runs it on a fresh :class:`experiments.doctor.engine.Engine` under another
-:class:`experiments.doctor.rules.AllocatorConfig` and cap. While the what-if makes the same
-driver calls as the recorded run it takes the GPU's segment addresses; from the first
-difference on, addresses of its own. A request that does not fit is counted and skipped
-(its frees too).
+A what-if's settings are parsed once, into a :class:`WhatIf` (the text as given and the
+:class:`~experiments.doctor.model.rules.AllocatorConfig` it means), which is what every step
+after that receives. :func:`what_if` takes the request list that
+:func:`experiments.doctor.replaying.replay.replay` recovered from a trace (alloc,
+free_requested, free_completed, inferred empty_cache, failed requests) and runs it on a fresh
+:class:`experiments.doctor.model.engine.Engine` under those settings and a cap. While the
+what-if makes the same driver calls as the recorded run it takes the GPU's segment addresses;
+from the first difference on, addresses of its own. A request that does not fit is counted and
+skipped (its frees too).
 """
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any, Sequence
 
-from .engine import Engine, EngineOutOfMemory
-from .loader import InputError
-from .replay import (R_ALLOC, R_EMPTY, R_FREE_DONE, R_FREE_REQ, R_FREEABLE, R_RESTORE, R_RETRY, Run, _finish,
-                     _no_gc)
-from .requestlog import KEY_SHIFT, POOL_MASK, POOL_SHIFT, Requests, as_requests
-from .rules import LARGE_BUFFER as LARGE_PAGE, SMALL_BUFFER, AllocatorConfig, get_allocation_size
+from ..errors import InputError
+from ..model.engine import Engine, EngineOutOfMemory, no_cyclic_gc
+from ..model.rules import (H200_TOTAL_MEMORY, LARGE_BUFFER as LARGE_PAGE, SMALL_BUFFER, AllocatorConfig,
+                           get_allocation_size)
+from ..replaying.requests import (KEY_SHIFT, POOL_MASK, POOL_SHIFT, R_ALLOC, R_EMPTY, R_FREE_DONE, R_FREE_REQ,
+                                  R_FREEABLE, R_RESTORE, R_RETRY, Requests, as_requests)
+from ..replaying.run import Run
 
 
-def what_if(base: Run, config: AllocatorConfig, settings: str, *, cap_bytes: int | None = None,
-            total_memory: int = 150_109_880_320, stop_at: int | None = None,
+@dataclasses.dataclass(frozen=True)
+class WhatIf:
+    """One what-if's settings, parsed once.
+
+    Attributes:
+        settings: the text as given, in ``PYTORCH_CUDA_ALLOC_CONF`` syntax ('' = the defaults);
+            the what-if's Run carries it as its ``settings``.
+        config: what the text means to the allocator.
+    """
+
+    settings: str
+    config: AllocatorConfig
+
+    @classmethod
+    def parse(cls, settings: str) -> "WhatIf":
+        """The what-if of ``settings`` (:meth:`AllocatorConfig.from_settings`).
+
+        Raises:
+            InputError (a ValueError): not a string, or settings the allocator would not
+                accept; the message names the settings and what is wrong.
+        """
+        if not isinstance(settings, str):
+            raise InputError(f"what-if settings must be a string like 'expandable_segments:True', "
+                             f"got {settings!r:.60}")
+        try:
+            return cls(settings, AllocatorConfig.from_settings(settings or None))
+        except ValueError as e:
+            raise InputError(f"what-if settings {settings!r}: {e}") from None
+
+
+def what_if(base: Run, settings: WhatIf, *, cap_bytes: int | None = None,
+            total_memory: int = H200_TOTAL_MEMORY, stop_at: int | None = None,
             series: bool = True) -> tuple[Run, Engine]:
-    """Run the requests of a replay under ``config`` (and ``cap_bytes``) on a fresh engine.
+    """Run the requests of a replay under other settings (and ``cap_bytes``) on a fresh engine.
+
+    ``settings``: the what-if, parsed once (``WhatIf.parse("expandable_segments:True")``).
 
     The answer is exact (``run.exact``) when nothing the snapshot leaves open can change it.
-    Four things can (``run.uncertain`` names them):
+    Five things can (``run.uncertain`` names them):
 
     * "record_stream completion timing": a block freed after ``record_stream`` returns to its
       pool when the GPU has passed its events, which a run under other settings may do at
@@ -61,45 +97,41 @@ def what_if(base: Run, config: AllocatorConfig, settings: str, *, cap_bytes: int
         (the Run, the engine after the last request processed; ``stop_at`` stops after that
         many requests, e.g. to read the layout at the peak).
     """
-    with _no_gc():
+    wi = settings
+    with no_cyclic_gc():
         if not isinstance(base.requests, Requests):   # a list of request tuples, made by hand
             base = copy.copy(base)
             base.requests = as_requests(base.requests)
-        run, eng = _run_requests(base, base.requests, config, settings, cap_bytes, total_memory, stop_at,
-                                 series=series)
+        run, eng = _run_requests(base, base.requests, wi, cap_bytes, total_memory, stop_at, series=series)
         if stop_at is None:
-            _certainty(run, eng, base, config, settings, cap_bytes, total_memory)
+            _certainty(run, eng, base, wi, cap_bytes, total_memory)
     return run, eng
 
 
-def _certainty(run: Run, eng: Engine, base: Run, config: AllocatorConfig, settings: str, cap_bytes: int | None,
-               total_memory: int) -> None:
+def _certainty(run: Run, eng: Engine, base: Run, wi: WhatIf, cap_bytes: int | None, total_memory: int) -> None:
     others: list[Run] = []
     uncertain = []
-    timing = getattr(run, "_timing_bytes", 0)
+    timing = run.timing_bytes
     if timing:
         uncertain.append("record_stream completion timing")
     attribution = 0
     if base.alternatives:
         uncertain.append("pool attribution")
-        others += [_run_requests(base, as_requests(reqs), config, settings, cap_bytes, total_memory, None)[0]
+        others += [_run_requests(base, as_requests(reqs), wi, cap_bytes, total_memory, None)[0]
                    for reqs in base.alternatives]
         # requests of a pool the trace leaves open share, or do not share, cached blocks with
         # another pool's: at most the bytes they held at once, rounded up to a large page
-        attribution = -(-getattr(run, "_open_bytes", 0) // LARGE_PAGE) * LARGE_PAGE
+        attribution = -(-run.open_bytes // LARGE_PAGE) * LARGE_PAGE
     if eng.address_ties:
         uncertain.append("driver address order")
-        others.append(_run_requests(base, base.requests, config, settings, cap_bytes, total_memory, None,
-                                    address_order="up")[0])
+        others.append(_run_requests(base, base.requests, wi, cap_bytes, total_memory, None, address_order="up")[0])
     if base.restores:
         uncertain.append("pool checkpoint restores")
-        others.append(_run_requests(base, base.requests.without(R_RESTORE), config, settings,
-                                    cap_bytes, total_memory, None)[0])
-    if getattr(run, "_retries_fit", 0):
+        others.append(_run_requests(base, base.requests.without(R_RESTORE), wi, cap_bytes, total_memory, None)[0])
+    if run.retries_fit:
         # it failed on the GPU, so the trace does not say how long the program would have kept it
         uncertain.append("lifetime of requests that failed in the recording")
-        others.append(_run_requests(base, base.requests, config, settings, cap_bytes, total_memory, None,
-                                    keep_retries=True)[0])
+        others.append(_run_requests(base, base.requests, wi, cap_bytes, total_memory, None, keep_retries=True)[0])
     runs = [run] + others
     dev = max(max(abs(o.peak_reserved_bytes - run.peak_reserved_bytes),
                   abs(o.final_reserved_bytes - run.final_reserved_bytes)) for o in runs)
@@ -147,11 +179,10 @@ class _DriverSync:
         return None
 
 
-def _run_requests(base: Run, requests: Requests, config: AllocatorConfig, settings: str,
-                  cap_bytes: int | None, total_memory: int, stop_at: int | None,
-                  address_order: str = "down", keep_retries: bool = False,
+def _run_requests(base: Run, requests: Requests, wi: WhatIf, cap_bytes: int | None, total_memory: int,
+                  stop_at: int | None, address_order: str = "down", keep_retries: bool = False,
                   series: bool = False) -> tuple[Run, Engine]:
-    eng = Engine(config, cap_bytes=cap_bytes, total_memory=total_memory, address_order=address_order)
+    eng = Engine(wi.config, cap_bytes=cap_bytes, total_memory=total_memory, address_order=address_order)
     # The driver picks segment addresses from the history of cudaMalloc and cudaFree calls.
     # While the what-if makes the same calls as the GPU's run, in the same order, it takes
     # the GPU's addresses (ties between equal free blocks go by address); from the first
@@ -159,7 +190,7 @@ def _run_requests(base: Run, requests: Requests, config: AllocatorConfig, settin
     sync = _DriverSync(base.segment_log, eng)
     address = sync.address
     eng.address_hook = address
-    run = Run(settings)
+    run = Run(wi.settings)
     blocks: dict[int, Any] = {}
     for key, req, stream, pool in base.initial:
         try:
@@ -228,10 +259,8 @@ def _run_requests(base: Run, requests: Requests, config: AllocatorConfig, settin
             res_a.append(b_r)
     run.events_replayed = k + 1
     run.peak_allocated_bytes, run.peak_reserved_bytes, run.peak_index = peak_a, max(peak_r, 0), max(peak_k, 0)
-    run._timing_bytes = timing  # type: ignore[attr-defined]
-    run._open_bytes = open_peak  # type: ignore[attr-defined]
-    run._retries_fit = retries_fit  # type: ignore[attr-defined]
-    _finish(run, eng)
+    run.timing_bytes, run.open_bytes, run.retries_fit = timing, open_peak, retries_fit
+    run.finish(eng)
     return run, eng
 
 
@@ -248,14 +277,4 @@ def _pending_bound(eng: Engine) -> int:
     return large + -(-small // SMALL_BUFFER) * SMALL_BUFFER
 
 
-def _config(settings: str) -> AllocatorConfig:
-    """The settings of a what-if. Raises InputError (a ValueError) naming the settings and what is wrong."""
-    if not isinstance(settings, str):
-        raise InputError(f"what-if settings must be a string like 'expandable_segments:True', got {settings!r:.60}")
-    try:
-        return AllocatorConfig.from_settings(settings or None)
-    except ValueError as e:
-        raise InputError(f"what-if settings {settings!r}: {e}") from None
-
-
-__all__ = ["what_if"]
+__all__ = ["WhatIf", "what_if"]

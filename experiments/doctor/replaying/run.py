@@ -1,23 +1,18 @@
-"""The outcome of a replay or a what-if (:class:`Run`) and the request list they share.
+"""The outcome of a replay or a what-if: :class:`Run`.
 
-A replay (:mod:`experiments.doctor.replay`) recovers from a trace the list of requests the
-program made of the allocator; a what-if (:mod:`experiments.doctor.whatif`) runs the same list
-again under other settings. Request kinds are small ints so that the loops stay fast.
+A replay (:func:`experiments.doctor.replaying.replay.replay`) fills the fields it can check
+against the trace (``matches_trace``, ``first_mismatch``) and those the what-ifs reuse
+(``requests``, ``initial``, ``segment_log``, ``alternatives``, ``open_keys``, ``restores``); a
+what-if (:func:`experiments.doctor.answers.whatif.what_if`) fills its certainty (``exact``,
+``uncertain``, ``bound_bytes`` and the ranges) from the figures its runs found
+(``timing_bytes``, ``open_bytes``, ``retries_fit``).
 """
 from __future__ import annotations
 
 import dataclasses
-import gc
 from array import array
 from typing import Any
 
-from .engine import Engine
-
-# request kinds: (R_ALLOC, key, bytes, stream, pool), (R_FREE_REQ, key), (R_FREE_DONE, key),
-# (R_EMPTY, pool id: the default for empty_cache(), a private one for a deleted MemPool),
-# (R_RETRY, bytes, stream, pool: a request that failed on the GPU), (R_FREEABLE, pool ids),
-# (R_RESTORE, key, bytes, stream, pool: a block a private pool's checkpoint put in place)
-R_ALLOC, R_FREE_REQ, R_FREE_DONE, R_EMPTY, R_RETRY, R_FREEABLE, R_RESTORE = range(7)
 
 @dataclasses.dataclass
 class Run:
@@ -33,7 +28,6 @@ class Run:
         final_* / peak_*: bytes; peak_index: the request (index into the run's requests)
             after which reserved bytes peaked.
         oom_events: requests that did not fit; oom_requests: their (index, bytes).
-        peak_segments: the layout at peak reserved (filled by :func:`layout_at`).
         requests: the request list (replay only) that what-ifs reuse.
         initial: the blocks rebuilt for a late-started recording, (key, requested, stream, pool).
         marks: (trace index, allocated, reserved) at each 'snapshot' entry (replay only).
@@ -52,6 +46,11 @@ class Run:
             nothing the snapshot leaves open can change its answer; else the reasons, the
             range of peak / final reserved bytes and OOM counts over the alternatives explored,
             and bound_bytes, the most the answer may be off by.
+        timing_bytes: what-if only: the most bytes that blocks waiting on ``record_stream``
+            events held when a request came (what their completion timing may move).
+        open_bytes: what-if only: the most bytes the requests whose pool the trace leaves open
+            (the replay's ``open_keys``) held at once.
+        retries_fit: what-if only: requests that failed on the GPU and fit here.
     """
 
     settings: str
@@ -84,6 +83,9 @@ class Run:
     peak_reserved_range_bytes: tuple[int, int] | None = None
     final_reserved_range_bytes: tuple[int, int] | None = None
     oom_events_range: tuple[int, int] | None = None
+    timing_bytes: int = 0
+    open_bytes: int = 0
+    retries_fit: int = 0
 
     def summary(self) -> dict[str, Any]:
         """The JSON fields of the doctor's report for this run."""
@@ -101,41 +103,14 @@ class Run:
                        oom_events_range=list(self.oom_events_range or ()))
         return out
 
-
-def _finish(run: Run, eng: Engine) -> None:
-    # the peaks are the loops' own (tracked as they happen, with or without the series)
-    run.final_allocated_bytes = eng.allocated_bytes
-    run.final_reserved_bytes = eng.reserved_bytes
-    run.oom_events = len(run.oom_requests) + getattr(run, "_trace_ooms", 0)
-    run.final_segments = eng.segments()
-
-
-class _no_gc:
-    """The blocks' prev/next links are reference cycles: with thousands of live blocks the
-    cyclic collector would rescan them over and over during a replay, for nothing to free."""
-
-    def __enter__(self) -> None:
-        self.was = gc.isenabled()
-        gc.disable()
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.was:
-            gc.enable()
+    def finish(self, engine: Any) -> None:
+        """Take the final figures and layout from ``engine`` (a
+        :class:`~experiments.doctor.model.engine.Engine`) after the run's last request (the
+        peaks are the loops' own: tracked as they happen, with or without the series)."""
+        self.final_allocated_bytes = engine.allocated_bytes
+        self.final_reserved_bytes = engine.reserved_bytes
+        self.oom_events = len(self.oom_requests)
+        self.final_segments = engine.segments()
 
 
-def _addresses(mismatch: dict[str, Any]) -> set[int]:
-    """The addresses a mismatch is about: those in what was expected or got but not in both."""
-    def walk(x: Any, out: set) -> set:
-        if isinstance(x, bool):
-            return out
-        if isinstance(x, int):
-            out.add(x)
-        elif isinstance(x, (list, tuple)):
-            if len(x) == 3 and isinstance(x[0], str):
-                out.add(x[1])
-            else:
-                for y in x:
-                    walk(y, out)
-        return out
-    want, got = walk(mismatch.get("expected"), set()), walk(mismatch.get("got"), set())
-    return (want ^ got) or (want | got)
+__all__ = ["Run"]

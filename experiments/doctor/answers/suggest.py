@@ -1,6 +1,6 @@
 """``--suggest``: replay a grid of allocator settings and rank them.
 
-The grid (:func:`grid`): the defaults; ``expandable_segments:True``; ``max_split_size_mb`` at
+The grid (:func:`singles`, then :func:`combinations`): the defaults; ``expandable_segments:True``; ``max_split_size_mb`` at
 32 ... 1024 MiB, below the largest segment the recorded run made (a limit above every segment
 changes nothing); ``roundup_power2_divisions`` 2, 4, 8 and 16; with a memory cap (the
 recorded one or ``--cap``), ``garbage_collection_threshold`` 0.5 ... 0.9 where the threshold
@@ -8,7 +8,7 @@ is below the recorded peak (above it the collector never runs); then combination
 of each family: expandable segments with the best rounding and, under a cap, the best
 threshold; the best split size with the best rounding and threshold.
 
-Each setting runs the replay's requests (:func:`experiments.doctor.whatif.what_if`); the
+Each setting runs the replay's requests (:func:`experiments.doctor.answers.whatif.what_if`); the
 ranking is by out-of-memory events, then peak reserved bytes, then final reserved bytes (each
 at the worst end of its range where the what-if is not exact), then the fewest options; a
 setting is suggested only if even the worst end of its range beats the recorded run. On Linux the runs are spread over the machine's cores in forked processes
@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Callable, Sequence
+import time
+from typing import Any, Sequence
 
-from .replay import Run
-from .rules import MiB
-from .whatif import _config, what_if
+from ...core.units import MiB
+from ..replaying.run import Run
+from .progress import Progress
+from .whatif import WhatIf, what_if
 
 SPLIT_MB = (32, 64, 128, 256, 512, 1024)
 ROUNDUP = (2, 4, 8, 16)
@@ -63,34 +65,29 @@ def combinations(ranked: Sequence[tuple[str, Run]], cap_bytes: int | None) -> li
     return list(dict.fromkeys(combos))
 
 
-def _worst(run: Run, name: str) -> int:
-    """A figure of ``run`` at the worst end of its range (the figure itself when exact)."""
-    rng = getattr(run, name + "_range" if name == "oom_events" else name.replace("_bytes", "_range_bytes"))
-    return rng[1] if rng else getattr(run, name)
-
-
 def rank_key(settings: str, run: Run) -> tuple:
     """Fewest OOMs, then lowest peak reserved, then lowest final reserved (each at the worst end
-    of its range), then fewest options."""
-    return (_worst(run, "oom_events"), _worst(run, "peak_reserved_bytes"), _worst(run, "final_reserved_bytes"),
+    of its range, the figure itself when exact), then fewest options."""
+    def worst(figure: int, rng: tuple[int, int] | None) -> int:
+        return rng[1] if rng else figure
+
+    return (worst(run.oom_events, run.oom_events_range), worst(run.peak_reserved_bytes, run.peak_reserved_range_bytes),
+            worst(run.final_reserved_bytes, run.final_reserved_range_bytes),
             0 if not settings else settings.count(",") + 1)
 
 
 # ----------------------------------------------------------------------------- running many what-ifs
 
-_JOB: dict[str, Any] = {}
+_JOB: dict[str, Any] = {}   # what every what-if shares: forked processes inherit it, uncopied
 
 
-def _one(settings: str) -> tuple[str, dict[str, Any]]:
+def _one(wi: WhatIf) -> tuple[Run, float]:
     job = _JOB
-    run, _ = what_if(job["base"], _config(settings), settings, cap_bytes=job["cap"], total_memory=job["total"],
-                     series=False)
-    return settings, {k: getattr(run, k) for k in _FIELDS}
-
-
-_FIELDS = ("events_replayed", "final_reserved_bytes", "final_allocated_bytes", "peak_reserved_bytes",
-           "peak_allocated_bytes", "peak_index", "oom_events", "oom_requests", "exact", "bound_bytes", "uncertain",
-           "peak_reserved_range_bytes", "final_reserved_range_bytes", "oom_events_range")
+    t0 = time.perf_counter()
+    run, _ = what_if(job["base"], wi, cap_bytes=job["cap"], total_memory=job["total"], series=job["series"])
+    # not sent back: the report computes a layout where it needs one (Report.peak_layout)
+    run.final_segments = []
+    return run, time.perf_counter() - t0
 
 
 def _recorded_is_the_replay(runs: dict[str, Run], recorded: str, base: Run, same_cap: bool) -> None:
@@ -99,9 +96,9 @@ def _recorded_is_the_replay(runs: dict[str, Run], recorded: str, base: Run, same
     run = runs.get(recorded)
     if run is None or not base.matches_trace or not same_cap:
         return
-    for name in ("peak_reserved_bytes", "final_reserved_bytes", "peak_allocated_bytes", "final_allocated_bytes",
-                 "oom_events"):
-        setattr(run, name, getattr(base, name))
+    run.peak_reserved_bytes, run.final_reserved_bytes = base.peak_reserved_bytes, base.final_reserved_bytes
+    run.peak_allocated_bytes, run.final_allocated_bytes = base.peak_allocated_bytes, base.final_allocated_bytes
+    run.oom_events = base.oom_events
     run.exact, run.bound_bytes, run.uncertain = True, 0, []
     run.peak_reserved_range_bytes = (base.peak_reserved_bytes,) * 2
     run.final_reserved_range_bytes = (base.final_reserved_bytes,) * 2
@@ -118,50 +115,53 @@ def _workers(n_jobs: int, n_requests: int) -> int:
     return max(1, min(cores, n_jobs))
 
 
-def run_many(base: Run, settings: Sequence[str], *, cap_bytes: int | None, total_memory: int,
-             workers: int | None = None) -> list[Run]:
-    """The what-ifs of ``settings`` (validated first: an InputError names a bad one), in order.
+def run_many(base: Run, what_ifs: Sequence[WhatIf], *, cap_bytes: int | None, total_memory: int,
+             workers: int | None = None, series: bool = False, progress: Progress | None = None,
+             stage: str = "what_if", first: int = 0, count: int | None = None) -> list[Run]:
+    """The what-ifs of ``what_ifs`` (parsed settings: :class:`WhatIf`), in order.
 
     Runs them in forked worker processes when that helps (Linux, a long trace, two or more
-    settings and cores); the Runs returned carry the figures, not the per-request series.
+    settings and cores). The Runs returned carry the figures and the certainty, not the final
+    layout; the per-request series only with ``series``.
+
+    ``progress``: each reported as a step of ``stage`` (:mod:`experiments.doctor.answers.progress`),
+    numbered from ``first`` of ``count`` (default: these); in worker processes only when done.
     """
-    for s in settings:
-        _config(s)
-    n = workers if workers is not None else _workers(len(settings), len(base.requests))
-    _JOB.update(base=base, cap=cap_bytes, total=total_memory)
+    n = workers if workers is not None else _workers(len(what_ifs), len(base.requests))
+    tell = progress or Progress()
+    total = count if count is not None else first + len(what_ifs)
+    _JOB.update(base=base, cap=cap_bytes, total=total_memory, series=series)
+    out: list[Run] = []
     try:
         if n <= 1:
-            results = [_one(s) for s in settings]
+            for k, wi in enumerate(what_ifs):
+                tell.start(stage, first + k, total, wi.settings)
+                run, took = _one(wi)
+                out.append(run)
+                tell.done(stage, run, seconds=took, index=first + k, count=total, settings=wi.settings)
         else:
-            results = _parallel(_one, list(settings), n)
+            import multiprocessing
+
+            # longest first would be better but all take about as long: plain order, chunks of one
+            with multiprocessing.get_context("fork").Pool(n) as pool:
+                for k, (run, took) in enumerate(pool.imap(_one, list(what_ifs), chunksize=1)):
+                    out.append(run)
+                    tell.done(stage, run, seconds=took, index=first + k, count=total, settings=run.settings)
     finally:
         _JOB.clear()
-    out = []
-    for s, fields in results:
-        run = Run(s)
-        for k, v in fields.items():
-            setattr(run, k, v)
-        out.append(run)
     return out
-
-
-def _parallel(fn: Callable[[str], Any], items: list[str], workers: int) -> list[Any]:
-    import multiprocessing
-
-    ctx = multiprocessing.get_context("fork")
-    # longest first would be better but all take about as long: plain order, chunks of one
-    with ctx.Pool(workers) as pool:
-        return pool.map(fn, items, chunksize=1)
 
 
 # ----------------------------------------------------------------------------- the suggestion
 
 def suggest(base: Run, recorded: str, *, cap_bytes: int | None, total_memory: int,
-            workers: int | None = None, replay_cap: int | None = None) -> dict[str, Any]:
+            workers: int | None = None, replay_cap: int | None = None,
+            progress: Progress | None = None) -> dict[str, Any]:
     """Rank the grid for the replay ``base`` (recorded under ``recorded``).
 
     ``replay_cap``: the cap the replay ran under; where the grid runs under the same one, the
-    recorded setting's row is the exact replay's (what the GPU did).
+    recorded setting's row is the exact replay's (what the GPU did). ``progress``: each
+    setting reported as a ``grid`` step (:mod:`experiments.doctor.answers.progress`).
 
     Returns:
         dict with ``rows`` (every setting tried, best first: settings, peak_reserved_bytes,
@@ -177,12 +177,15 @@ def suggest(base: Run, recorded: str, *, cap_bytes: int | None, total_memory: in
         and compared by their peaks alone).
     """
     first = singles(base, cap_bytes)
-    runs = dict(zip(first, run_many(base, first, cap_bytes=cap_bytes, total_memory=total_memory, workers=workers)))
+    runs = dict(zip(first, run_many(base, [WhatIf.parse(s) for s in first], cap_bytes=cap_bytes,
+                                    total_memory=total_memory, workers=workers, progress=progress, stage="grid")))
     _recorded_is_the_replay(runs, recorded, base, replay_cap == cap_bytes)
     ranked = sorted(runs.items(), key=lambda kv: rank_key(*kv))
     more = [c for c in combinations(ranked, cap_bytes) if c not in runs]
     if more:
-        runs.update(zip(more, run_many(base, more, cap_bytes=cap_bytes, total_memory=total_memory, workers=workers)))
+        runs.update(zip(more, run_many(base, [WhatIf.parse(s) for s in more], cap_bytes=cap_bytes,
+                                       total_memory=total_memory, workers=workers, progress=progress, stage="grid",
+                                       first=len(first))))
     ranked = sorted(runs.items(), key=lambda kv: rank_key(*kv))
     rec = {"settings": recorded, "peak_reserved_bytes": base.peak_reserved_bytes,
            "final_reserved_bytes": base.final_reserved_bytes, "oom_events": base.oom_events}

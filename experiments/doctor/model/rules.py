@@ -8,7 +8,7 @@ requests of at most 1 MiB use the small pool, a new segment is 2 MiB, 20 MiB or 
 rounded to 2 MiB, a block is split when the remainder is worth keeping, and with
 ``expandable_segments`` 2 MiB (small) or 20 MiB (large) pages are mapped on demand.
 
-The one allocator that applies them is :class:`experiments.doctor.engine.Engine`. This
+The one allocator that applies them is :class:`experiments.doctor.model.engine.Engine`. This
 module imports neither torch, numpy nor matplotlib. Sizes are in bytes throughout.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping, Sequence
 
-from ..core.units import MiB
+from ...core.units import MiB
 
 
 MIN_BLOCK_SIZE = 512            # every request is rounded up to a multiple of this
@@ -29,6 +29,8 @@ ROUNDUP_INTERVALS = 16          # roundup_power2_divisions has one entry per pow
 
 STATE_ALLOCATED = "active_allocated"
 STATE_FREE = "inactive"
+DEFAULT_POOL = (0, 0)           # the pool id of the default pools (private pools: MemPools, CUDA graphs)
+H200_TOTAL_MEMORY = 150_109_880_320   # totalGlobalMem of the lab H200 (RULES.md §I): the default device
 
 
 # ----------------------------------------------------------------------------- settings
@@ -156,13 +158,13 @@ class AllocatorConfig:
                 different allocator) or ``per_process_memory_fraction`` (give the model a
                 cap in bytes instead).
         """
-        from ..core.alloc_conf import KNOWN_OPTIONS, parse
+        from ...core.alloc_conf import KNOWN_OPTIONS, parse
 
         if settings is None:
             return cls()
         if isinstance(settings, Mapping) and "PYTORCH_CUDA_ALLOC_CONF" in settings:
             # a snapshot's allocator_settings: the string it holds is what the allocator parsed
-            # (experiments.doctor.trace.config_from_snapshot also reads the parsed values)
+            # (experiments.doctor.reading.trace.config_from_snapshot also reads the parsed values)
             settings = str(settings["PYTORCH_CUDA_ALLOC_CONF"] or "")
             if not settings:
                 return cls()
@@ -211,7 +213,7 @@ DEFAULT = AllocatorConfig()
 # One function per C++ function of c10/cuda/CUDACachingAllocator.cpp (torch 2.11), named after
 # it. The rules that act on the allocator's state (get_free_block, alloc_found_block,
 # free_block, try_merge_blocks, garbage_collect_cached_blocks, release_*_cached_blocks, the
-# expandable-segment map/unmap) are methods of experiments.doctor.engine.Engine, also named
+# expandable-segment map/unmap) are methods of experiments.doctor.model.engine.Engine, also named
 # after their C++ functions, and call these.
 
 def round_size(nbytes: int, config: AllocatorConfig = DEFAULT) -> int:

@@ -6,7 +6,7 @@ A snapshot is what ``torch.cuda.memory._snapshot()`` returns (or what
 and ``allocator_settings``. The doctor also reads its own compact JSON form
 (:func:`compact_snapshot`) and a recorded run of ``alloc.doctor_snapshots``.
 
-Files are opened by the one restricted, bounded loader (:mod:`experiments.doctor.loader`):
+Files are opened by the one restricted, bounded loader (:mod:`experiments.doctor.reading.loader`):
 a pickle that names a class or function is refused before anything in it runs, and every
 size is checked before the memory is spent. :func:`read` then checks the fields the doctor
 uses (types, ranges, and that the final blocks tile their segments) and keeps one device's
@@ -26,16 +26,12 @@ from array import array
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
-from .engine import DEFAULT_POOL, Block, Engine, Segment
-from .loader import DEFAULT_LIMITS, ImpossibleTraceError, InputError, Limits, SnapshotError, load, trace_rows
-from .rules import (LARGE_BUFFER, SMALL_BUFFER, SMALL_SIZE, MiB, ROUNDUP_INTERVALS, AllocatorConfig, round_size)
-from .rows import ADDR_LIMIT, IGNORED_CODE, SIZE_LIMIT, Rows
+from ..errors import ImpossibleTraceError, SnapshotError
+from ...core.units import MiB
+from ..model.rules import ROUNDUP_INTERVALS, AllocatorConfig
+from .loader import DEFAULT_LIMITS, Limits, load, trace_rows
+from .rows import ACTIONS, ADDR_LIMIT, IGNORED_CODE, SIZE_LIMIT, SNAPSHOT, UNKNOWN, Rows
 
-# Event codes: small ints keep the replay loop fast (the codes of experiments.doctor.unpickle).
-ALLOC, FREE_REQ, FREE_DONE, SEG_ALLOC, SEG_FREE, SEG_MAP, SEG_UNMAP, SNAPSHOT, OOM, UNKNOWN = range(10)
-ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
-           "segment_unmap", "snapshot", "oom")
-IGNORED_ACTIONS = ("annotate", "user_defined")   # markers that do not touch memory
 FORMAT = "memlab-snapshot-1"                      # the doctor's compact JSON form (compact_snapshot)
 
 
@@ -182,7 +178,7 @@ def config_from_snapshot(settings: Mapping[str, Any] | None) -> tuple[str, Alloc
                 table[idx] = v
             kw["roundup_divisions"] = tuple(table)
         if text:
-            from ..core.alloc_conf import parse
+            from ...core.alloc_conf import parse
 
             extra = parse(text)
             if "large_segment_size_mb" in extra:
@@ -294,7 +290,7 @@ def _stack_of(frames: Any) -> tuple:
 
 
 def read(source: str | Path | bytes | Mapping[str, Any], device: int = 0, limits: Limits = DEFAULT_LIMITS) -> Trace:
-    """Load a snapshot (:func:`experiments.doctor.loader.load`) and normalise one device's trace.
+    """Load a snapshot (:func:`experiments.doctor.reading.loader.load`) and normalise one device's trace.
 
     Raises:
         SnapshotError: not a snapshot, a field of the wrong type or out of range, an
@@ -376,202 +372,4 @@ def compact_snapshot(snap: Mapping[str, Any], device: int = 0) -> dict[str, Any]
             "allocator_settings": {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in settings.items()}}
 
 
-@dataclasses.dataclass
-class StartState:
-    """What :func:`starting_state` rebuilt: blocks as (address, engine block, stream, pool id),
-    segment or range bases as (base, size, pool id), their reserved bytes, and a reason when
-    the start could not be rebuilt (None if it could)."""
-
-    blocks: list[tuple[int, Any, int, tuple[int, int]]] = dataclasses.field(default_factory=list)
-    bases: list[tuple[int, int, tuple[int, int]]] = dataclasses.field(default_factory=list)
-    reserved: int = 0
-    unsupported: str | None = None
-
-
-
-def seed_segment(engine: Engine, addr: int, size: int, stream: int, pool_id: tuple[int, int], small: bool,
-                 blocks: list[tuple[int, int, int]], *, expandable: bool = False,
-                 mapped: list[tuple[int, int]] | None = None) -> dict[int, Any]:
-    """Create a segment that existed before a trace began (for late-started recordings).
-
-    Args:
-        blocks: live blocks as (address, size, requested_size) inside the segment; the
-            gaps become free blocks (merged, in the free lists).
-        mapped: for an expandable range, the mapped runs as (address, size); the rest of
-            the range stays unmapped.
-
-    Returns:
-        {address: block} of the live blocks.
-    """
-    seg = Segment(addr, size, stream, pool_id, small, expandable)
-    engine._segments[addr] = seg
-    if expandable:
-        engine._ranges.setdefault((pool_id, small, stream), []).append(seg)
-    fl = engine._list(pool_id, small, stream)
-    pieces: list[tuple[int, int, str, int]] = []
-    runs = sorted(mapped or [(addr, size)])
-    live = sorted(blocks)
-    pos = addr
-    for ra, rs in runs:
-        if ra > pos:
-            pieces.append((pos, ra - pos, "unmapped", 0))
-        p = ra
-        for ba, bs, req in live:
-            if ra <= ba < ra + rs:
-                if ba > p:
-                    pieces.append((p, ba - p, "free", 0))
-                pieces.append((ba, bs, "live", req))
-                p = ba + bs
-        if p < ra + rs:
-            pieces.append((p, ra + rs - p, "free", 0))
-        pos = ra + rs
-        engine.reserved_bytes += rs
-    if pos < addr + size:
-        pieces.append((pos, addr + size - pos, "unmapped", 0))
-    out, prev = {}, None
-    for pa, ps, kind, req in pieces:
-        b = Block(pa, ps, seg, prev, None, mapped=kind != "unmapped")
-        if prev is None:
-            seg.head = b
-        else:
-            prev.next = b
-        prev = b
-        if kind == "live":
-            b.allocated, b.requested = True, req
-            engine.allocated_bytes += ps
-            engine.active_bytes += ps
-            out[pa] = b
-        elif kind == "free":
-            engine._insert_free(fl, b)
-        else:
-            fl.unmapped[pa] = b
-    return out
-
-
-
-def starting_state(trace: Trace, engine: Any) -> StartState:
-    """The segments and blocks that existed before a late-started recording, put into ``engine``.
-
-    Segments released in the trace that it never created, blocks freed that it never
-    allocated, and those of the final state that the trace never made, rebuilt in place:
-    ordinary segments with their live blocks and the gaps free; expandable ranges from the
-    final mapped runs with the trace's maps taken away and its unmaps put back.
-    """
-    ev = trace.events
-    state = StartState()
-    final_pool = {s["address"]: s["pool_id"] for s in trace.segments}
-    live_segs: set[int] = set()
-    live_blocks: set[int] = set()
-    init_segs: dict[int, tuple[int, int]] = {}
-    init_blocks: dict[int, tuple[int, int]] = {}
-    # one pass over every event, the block events first (most are): sizes and streams are
-    # read only for the few that existed before the recording
-    add_block, drop_block = live_blocks.add, live_blocks.discard
-    sizes, streams = ev.sizes, ev.streams
-    for code, addr, i in zip(ev.codes, ev.addrs, range(len(ev))):
-        if code == ALLOC:
-            add_block(addr)
-        elif code == FREE_REQ:
-            if addr not in live_blocks:
-                init_blocks.setdefault(addr, (sizes[i], streams[i]))
-                add_block(addr)
-        elif code == FREE_DONE:
-            drop_block(addr)
-        elif code == SEG_ALLOC:
-            live_segs.add(addr)
-        elif code == SEG_FREE:
-            if addr not in live_segs:
-                init_segs.setdefault(addr, (sizes[i], streams[i]))
-            live_segs.discard(addr)
-    final_blocks = {}
-    for s in trace.segments:
-        if not s["is_expandable"] and s["address"] not in live_segs and s["address"] not in init_segs:
-            init_segs[s["address"]] = (s["total_size"], s["stream"])
-        for a, size, req, st in s["blocks"]:
-            if st != "inactive" and a not in live_blocks and a not in init_blocks:
-                final_blocks[a] = (size, req)
-    if not init_segs and not init_blocks and not final_blocks:
-        return state
-    if trace.config.expandable_segments:
-        _seed_ranges(trace, engine, state, init_blocks, final_blocks)
-        return state
-    cfg = trace.config
-    for base in sorted(init_segs):
-        size, stream = init_segs[base]
-        pool = final_pool.get(base, DEFAULT_POOL)
-        blocks = []
-        for a, (req, _) in init_blocks.items():
-            if base <= a < base + size:
-                blocks.append((a, round_size(max(req, 1), cfg), req))
-        for a, (bsize, req) in final_blocks.items():
-            if base <= a < base + size:
-                blocks.append((a, bsize, req))
-        small = size <= 2 * SMALL_SIZE and all(b[1] <= SMALL_SIZE for b in blocks)
-        if not small:
-            # A large-pool block is > 1 MiB, so a gap of at most 1 MiB after a live block is
-            # the remainder that block's split did not cut off (§A.7): it belongs to the block.
-            blocks.sort()
-            for k, (a, n, req) in enumerate(blocks):
-                end = blocks[k + 1][0] if k + 1 < len(blocks) else base + size
-                if 0 < end - (a + n) <= SMALL_SIZE:
-                    blocks[k] = (a, end - a, req)
-        made = seed_segment(engine, base, size, stream, pool, small, blocks)
-        state.bases.append((base, size, pool))
-        state.reserved += size
-        state.blocks += [(a, blk, stream, pool) for a, blk in sorted(made.items())]
-    return state
-
-def _seed_ranges(trace: Trace, engine: Any, state: "StartState", init_blocks: dict[int, tuple[int, int]],
-                 final_blocks: dict[int, tuple[int, int]]) -> None:
-    """Expandable segments at the start: the final mapped runs, with the trace's maps taken
-    away and its unmaps put back (walking it backwards), grouped into one range per
-    (stream, pool); a range's base is taken as its lowest mapped address."""
-    eng, ev = engine, trace.events
-    groups: list[dict[str, Any]] = []
-
-    def find(addr: int, stream: int) -> dict[str, Any] | None:
-        return next((g for g in groups if g["stream"] == stream and abs(addr - g["base"]) < g["size"]), None)
-
-    for s in sorted((s for s in trace.segments if s["is_expandable"]), key=lambda s: s["address"]):
-        g = find(s["address"], s["stream"])
-        if g is None:
-            small = s["pool"] == "small"
-            g = {"base": s["address"], "size": eng.range_size(small), "stream": s["stream"],
-                 "pool": s["pool_id"], "small": small, "pages": set()}
-            groups.append(g)
-        g["pages"] |= set(range(s["address"], s["address"] + s["total_size"], SMALL_BUFFER))
-    for code, addr, size, stream in reversed(ev):
-        if code not in (SEG_MAP, SEG_UNMAP):
-            continue
-        g = find(addr, stream)
-        if g is None:
-            small = size % LARGE_BUFFER != 0
-            g = {"base": addr, "size": eng.range_size(small), "stream": stream, "pool": DEFAULT_POOL,
-                 "small": small, "pages": set()}
-            groups.append(g)
-        span = set(range(addr, addr + size, SMALL_BUFFER))   # 2 MiB granules of the pages
-        g["pages"] = g["pages"] - span if code == SEG_MAP else g["pages"] | span
-    cfg = trace.config
-    for g in groups:
-        if not g["pages"]:
-            continue           # the range was made during the recording
-        pages = sorted(g["pages"])
-        base = min(g["base"], pages[0])
-        runs, start = [], pages[0]
-        for a, b in zip(pages, pages[1:] + [None]):
-            if b != a + SMALL_BUFFER:
-                runs.append((start, a + SMALL_BUFFER - start))
-                start = b
-        inside = [(a, round_size(max(req, 1), cfg), req) for a, (req, _) in init_blocks.items()
-                  if a in g["pages"] or (a // SMALL_BUFFER) * SMALL_BUFFER in g["pages"]]
-        inside += [(a, n, req) for a, (n, req) in final_blocks.items()
-                   if (a // SMALL_BUFFER) * SMALL_BUFFER in g["pages"]]
-        made = seed_segment(eng, base, g["size"], g["stream"], g["pool"], g["small"], inside, expandable=True,
-                            mapped=runs)
-        state.bases.append((base, g["size"], g["pool"]))
-        state.reserved += sum(n for _, n in runs)
-        state.blocks += [(a, blk, g["stream"], g["pool"]) for a, blk in sorted(made.items())]
-
-
-__all__ = ["ACTIONS", "Events", "FORMAT", "InputError", "compact_snapshot", "SnapshotError", "StartState", "Trace", "config_from_snapshot", "load", "read", "seed_segment",
-           "starting_state"]
+__all__ = ["ACTIONS", "Events", "FORMAT", "Trace", "compact_snapshot", "config_from_snapshot", "read"]

@@ -2,13 +2,15 @@
 
 ``doctor(snapshot, what_if=["expandable_segments:True", ...])`` reads a snapshot
 (``torch.cuda.memory._dump_snapshot`` pickle, its dict, or the doctor's compact JSON), replays
-its trace under the settings it was recorded with (:func:`experiments.doctor.replay.replay`
-checks every segment event, block address and reserved-bytes value against the trace),
-then runs the same requests under each what-if setting and cap
-(:func:`experiments.doctor.whatif.what_if`). The :class:`Report` says what was reserved but
-not usable at the peak and which live blocks pinned those segments, and puts the settings
-side by side; in a notebook it also draws reserved and allocated bytes over the trace for
-every setting on one axis, and the segment map at the peak.
+its trace under the settings it was recorded with
+(:func:`experiments.doctor.replaying.replay.replay` checks every segment event, block address
+and reserved-bytes value against the trace), then runs the same requests under each what-if
+setting and cap (:func:`experiments.doctor.answers.whatif.what_if`). The :class:`Report` says
+what was reserved but not usable at the peak and which live blocks pinned those segments, and
+puts the settings side by side; in a notebook it also draws reserved and allocated bytes over
+the trace for every setting on one axis, and the segment map at the peak. A progress hook is
+told each step as it starts and ends, the finished ones with their result
+(:mod:`experiments.doctor.answers.progress`).
 
 Sources: ``c10/cuda/CUDACachingAllocator.cpp`` (via the rules file, RULES.md), the snapshot
 format of ``torch/cuda/memory.py`` / ``torch/cuda/_memory_viz.py``, and
@@ -17,19 +19,21 @@ https://docs.pytorch.org/docs/stable/torch_cuda_memory.html (how to record a sna
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
-from ..core.tables import Table
-from ..core.units import format_bytes
-from .engine import H200_TOTAL_MEMORY
-from .rows import SIZE_LIMIT
-from .loader import DEFAULT_LIMITS, InputError, Limits
+from ...core.tables import Table
+from ...core.units import format_bytes
+from ..errors import InputError
+from ..model.rules import H200_TOTAL_MEMORY
+from ..reading.loader import DEFAULT_LIMITS, Limits
+from ..reading.rows import SIZE_LIMIT
+from ..reading.trace import Trace, read
+from ..replaying.replay import replay
+from ..replaying.run import Run
 from .oom import explain, first_oom, infer_cap, your_frame
-from .replay import Run, replay
-from .rules import AllocatorConfig
+from .progress import Progress, Step
 from .suggest import run_many, suggest as _suggest
-from .trace import Trace, read
-from .whatif import _config, what_if as _what_if
+from .whatif import WhatIf, what_if as _what_if
 
 FORMAT = "memlab-doctor-report-1"
 JSON_FIELDS = """The ``--json`` object (``Report.to_json()``), format ``memlab-doctor-report-1``:
@@ -138,24 +142,139 @@ def _pinning(segments: Sequence[Mapping[str, Any]], top: int = 5) -> list[dict[s
     return rows[:top]
 
 
+def check_options(*, cap_bytes: Any = None, cap_fraction: Any = None, device: Any = 0, workers: Any = None,
+                  names: Mapping[str, str] | None = None) -> None:
+    """The checks of :func:`doctor`'s options, which the command line makes too (``names``:
+    what to call each option in the message, e.g. ``{"cap_bytes": "--cap"}``).
+
+    Raises:
+        InputError: the first option out of its range, named, with the range and the value.
+    """
+    def name(option: str) -> str:
+        return (names or {}).get(option, option)
+
+    if cap_bytes is not None and cap_fraction is not None:
+        raise InputError(f"give {name('cap_bytes')} or {name('cap_fraction')}, not both")
+    if cap_bytes is not None and (isinstance(cap_bytes, bool) or not isinstance(cap_bytes, int)
+                                  or not 0 <= cap_bytes < SIZE_LIMIT):
+        raise InputError(f"{name('cap_bytes')} must be a whole number of bytes in [0, {SIZE_LIMIT:#x}), "
+                         f"got {cap_bytes!r}")
+    if cap_fraction is not None and (isinstance(cap_fraction, bool) or not isinstance(cap_fraction, (int, float))
+                                     or not 0 < cap_fraction <= 1):
+        raise InputError(f"{name('cap_fraction')} must be in (0, 1], got {cap_fraction!r}")
+    if isinstance(device, bool) or not isinstance(device, int) or device < 0:
+        raise InputError(f"{name('device')} must be a device index >= 0, got {device!r}")
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise InputError(f"{name('workers')} must be a whole number >= 1, got {workers!r}")
+
+
+def doctor(snapshot: Any, what_if: Sequence[str] = (), *, cap_bytes: int | None = None,
+           cap_fraction: float | None = None, device: int = 0, show: bool = False,
+           limits: Limits = DEFAULT_LIMITS, suggest: bool = False, explain_oom: bool = True,
+           workers: int | None = None, series: bool = False,
+           progress: Callable[[Step], Any] | None = None) -> Report:
+    """Replay ``snapshot`` and answer the what-ifs.
+
+    Args:
+        snapshot: a path (pickle, gzip'd pickle or JSON), a snapshot dict, or a recorded run.
+        what_if: settings strings in ``PYTORCH_CUDA_ALLOC_CONF`` syntax ('' = defaults), each
+            parsed once (:class:`~experiments.doctor.answers.whatif.WhatIf`).
+        cap_bytes / cap_fraction: a memory cap for the what-ifs (bytes, or a fraction of the
+            device's memory: the snapshot's ``device_total_bytes`` or the H200's); default the
+            cap the snapshot records, if any; for a snapshot that records none and ran out of
+            memory, the cap is inferred from its out-of-memory entry
+            (:func:`experiments.doctor.answers.oom.infer_cap`).
+        suggest: also replay the grid of :mod:`experiments.doctor.answers.suggest` and rank it.
+        explain_oom: for a trace with an out-of-memory error, explain the first one (which
+            runs the grid too, to say which settings would have fitted).
+        workers: processes for the what-ifs and the grid (default: the cores, on Linux, for
+            long traces; 1 runs them here).
+        series: keep allocated and reserved bytes after every request of the replay and of
+            each what-if (the figure's lines; the peaks are kept either way, and no figure of
+            the report changes).
+        progress: called with each :class:`~experiments.doctor.answers.progress.Step` as it
+            starts and ends (the finished ones with their result: the trace, the replay, each
+            what-if, the report without the suggestion, each setting of the grid, the OOM
+            explanation, the finished report); see :mod:`experiments.doctor.answers.progress`.
+            An exception it raises stops the doctor and comes out of this call.
+        show: in a notebook, display the report and the figure.
+        limits: what the loader accepts (:class:`experiments.doctor.reading.loader.Limits`).
+
+    Raises:
+        InputError (a ValueError): not a readable snapshot (SnapshotError), an impossible
+            trace, bad settings or cap (:func:`check_options`); the message is one line naming
+            what is wrong. Any other exception is a bug in the doctor.
+    """
+    check_options(cap_bytes=cap_bytes, cap_fraction=cap_fraction, device=device, workers=workers)
+    if isinstance(what_if, str):
+        what_if = [what_if]
+    parsed = [WhatIf.parse(s) for s in what_if]
+    tell = Progress(progress)
+    t = tell.start("read")
+    trace = read(snapshot, device=device, limits=limits)
+    tell.done("read", trace, since=t)
+    total = trace.total_memory or H200_TOTAL_MEMORY
+    source = None
+    if cap_bytes is not None:
+        cap, source = cap_bytes, "given"
+    elif cap_fraction:
+        cap, source = int(cap_fraction * total), "fraction"
+    elif trace.cap_bytes is not None:
+        cap, source = trace.cap_bytes, "snapshot"
+    else:
+        cap = infer_cap(trace, total) if first_oom(trace) is not None else None
+        source = "inferred" if cap is not None else None
+    replay_cap = trace.cap_bytes if trace.cap_bytes is not None else cap
+    t = tell.start("replay")
+    base = replay(trace, cap_bytes=replay_cap, total_memory=total, series=series)
+    if source == "inferred" and base.first_mismatch and base.first_mismatch["event_index"] == first_oom(trace):
+        # the device was not what ran out (a per-process fraction was): the cap is unknown
+        cap = replay_cap = None
+        source = None
+        base.first_mismatch["reason"] = ("the GPU ran out of memory here, under a cap the snapshot does not record "
+                                         "(set_per_process_memory_fraction?): pass --cap BYTES or --cap-fraction F")
+    tell.done("replay", base, since=t)
+    runs = run_many(base, parsed, cap_bytes=cap, total_memory=total, workers=workers, series=series, progress=tell)
+    report = Report(trace, base, runs, parsed, cap, total, source, replay_cap)
+    tell.done("report", report)
+    oom_at = first_oom(trace)
+    if suggest or (explain_oom and oom_at is not None):
+        report.suggestion = _suggest(base, trace.settings, cap_bytes=cap, total_memory=total, workers=workers,
+                                     replay_cap=replay_cap, progress=tell)
+    if explain_oom and oom_at is not None:
+        grid = dict(report.suggestion["runs"]) if report.suggestion else {}
+        grid.update({r.settings: r for r in runs})
+        t = tell.start("oom")
+        report.oom = explain(trace, base, cap_bytes=replay_cap, total_memory=total, grid=grid)
+        tell.done("oom", report.oom, since=t)
+    if not suggest:
+        report.suggestion = None
+    tell.done("done", report)
+    if show:
+        from IPython.display import display
+
+        display(report)
+    return report
+
+
 @dataclasses.dataclass
 class Report:
     """What :func:`doctor` found. ``to_json()`` is the CLI's ``--json`` object (fields:
     :data:`JSON_FIELDS`); ``text()`` the report; in a notebook it shows itself with its figure.
 
     Attributes:
-        trace, replay, what_ifs, configs: the trace, its exact replay, the what-if runs and
-            their settings.
+        trace, replay, what_ifs, what_if_settings: the trace, its exact replay, the what-if
+            runs and their parsed settings (:class:`~experiments.doctor.answers.whatif.WhatIf`).
         cap_bytes: the cap the what-ifs ran under; cap_source: where it came from.
         total_memory: the device's memory in bytes.
-        oom: the out-of-memory explanation (:func:`experiments.doctor.oom.explain`) or None.
-        suggestion: the ranked grid (:func:`experiments.doctor.suggest.suggest`) or None.
+        oom: the out-of-memory explanation (:func:`experiments.doctor.answers.oom.explain`) or None.
+        suggestion: the ranked grid (:func:`experiments.doctor.answers.suggest.suggest`) or None.
     """
 
     trace: Trace
     replay: Run
     what_ifs: list[Run]
-    configs: list[AllocatorConfig]
+    what_if_settings: list[WhatIf]
     cap_bytes: int | None
     total_memory: int
     cap_source: str | None = None
@@ -176,10 +295,10 @@ class Report:
                               stop_at=run.peak_event + 1, series=False).final_segments
             else:
                 if run is self.replay:
-                    cfg, cap = t.config, self.replay_cap
+                    wi, cap = WhatIf(t.settings, t.config), self.replay_cap
                 else:
-                    cfg, cap = self.configs[self.what_ifs.index(run)], self.cap_bytes
-                _, eng = _what_if(self.replay, cfg, run.settings, cap_bytes=cap, total_memory=self.total_memory,
+                    wi, cap = self.what_if_settings[self.what_ifs.index(run)], self.cap_bytes
+                _, eng = _what_if(self.replay, wi, cap_bytes=cap, total_memory=self.total_memory,
                                   stop_at=run.peak_index + 1, series=False)
                 segs = eng.segments()
             self._layouts[key] = segs
@@ -195,8 +314,8 @@ class Report:
             if run is self.replay:
                 self._series[key] = replay(self.trace, cap_bytes=self.replay_cap, total_memory=self.total_memory)
             else:
-                cfg = self.configs[self.what_ifs.index(run)]
-                self._series[key] = _what_if(self.replay, cfg, run.settings, cap_bytes=self.cap_bytes,
+                wi = self.what_if_settings[self.what_ifs.index(run)]
+                self._series[key] = _what_if(self.replay, wi, cap_bytes=self.cap_bytes,
                                              total_memory=self.total_memory)[0]
         return self._series[key]
 
@@ -386,85 +505,4 @@ def _signed_range(r: Mapping[str, Any]) -> str:
     return _signed(-r["saved_bytes"])
 
 
-def doctor(snapshot: Any, what_if: Sequence[str] = (), *, cap_bytes: int | None = None,
-           cap_fraction: float | None = None, device: int = 0, show: bool = False,
-           limits: Limits = DEFAULT_LIMITS, suggest: bool = False, explain_oom: bool = True,
-           workers: int | None = None) -> Report:
-    """Replay ``snapshot`` and answer the what-ifs.
-
-    Args:
-        snapshot: a path (pickle, gzip'd pickle or JSON), a snapshot dict, or a recorded run.
-        what_if: settings strings in ``PYTORCH_CUDA_ALLOC_CONF`` syntax ('' = defaults).
-        cap_bytes / cap_fraction: a memory cap for the what-ifs (bytes, or a fraction of the
-            device's memory: the snapshot's ``device_total_bytes`` or the H200's); default the
-            cap the snapshot records, if any; for a snapshot that records none and ran out of
-            memory, the cap is inferred from its out-of-memory entry
-            (:func:`experiments.doctor.oom.infer_cap`).
-        suggest: also replay the grid of :mod:`experiments.doctor.suggest` and rank it.
-        explain_oom: for a trace with an out-of-memory error, explain the first one (which
-            runs the grid too, to say which settings would have fitted).
-        workers: processes for the what-ifs and the grid (default: the cores, on Linux, for
-            long traces; 1 runs them here).
-        show: in a notebook, display the report and the figure.
-        limits: what the loader accepts (:class:`experiments.doctor.loader.Limits`).
-
-    Raises:
-        InputError (a ValueError): not a readable snapshot (SnapshotError), an impossible
-            trace, bad settings or cap; the message is one line naming what is wrong. Any
-            other exception is a bug in the doctor.
-    """
-    if cap_bytes is not None and cap_fraction is not None:
-        raise InputError("give cap_bytes or cap_fraction, not both")
-    if cap_bytes is not None and (isinstance(cap_bytes, bool) or not isinstance(cap_bytes, int)
-                                  or not 0 <= cap_bytes < SIZE_LIMIT):
-        raise InputError(f"cap_bytes must be a whole number of bytes in [0, {SIZE_LIMIT:#x}), got {cap_bytes!r}")
-    if cap_fraction is not None and (isinstance(cap_fraction, bool) or not isinstance(cap_fraction, (int, float))
-                                     or not 0 < cap_fraction <= 1):
-        raise InputError(f"cap_fraction must be in (0, 1], got {cap_fraction!r}")
-    if isinstance(device, bool) or not isinstance(device, int) or device < 0:
-        raise InputError(f"device must be a device index >= 0, got {device!r}")
-    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
-        raise InputError(f"workers must be a whole number >= 1, got {workers!r}")
-    if isinstance(what_if, str):
-        what_if = [what_if]
-    configs = [(s, _config(s)) for s in what_if]
-    trace = read(snapshot, device=device, limits=limits)
-    total = trace.total_memory or H200_TOTAL_MEMORY
-    source = None
-    if cap_bytes is not None:
-        cap, source = cap_bytes, "given"
-    elif cap_fraction:
-        cap, source = int(cap_fraction * total), "fraction"
-    elif trace.cap_bytes is not None:
-        cap, source = trace.cap_bytes, "snapshot"
-    else:
-        cap = infer_cap(trace, total) if first_oom(trace) is not None else None
-        source = "inferred" if cap is not None else None
-    replay_cap = trace.cap_bytes if trace.cap_bytes is not None else cap
-    base = replay(trace, cap_bytes=replay_cap, total_memory=total, series=False)
-    if source == "inferred" and base.first_mismatch and base.first_mismatch["event_index"] == first_oom(trace):
-        # the device was not what ran out (a per-process fraction was): the cap is unknown
-        cap = replay_cap = None
-        source = None
-        base.first_mismatch["reason"] = ("the GPU ran out of memory here, under a cap the snapshot does not record "
-                                         "(set_per_process_memory_fraction?): pass --cap BYTES or --cap-fraction F")
-    runs = run_many(base, [s for s, _ in configs], cap_bytes=cap, total_memory=total, workers=workers)
-    report = Report(trace, base, runs, [cfg for _, cfg in configs], cap, total, source, replay_cap)
-    oom_at = first_oom(trace)
-    if suggest or (explain_oom and oom_at is not None):
-        report.suggestion = _suggest(base, trace.settings, cap_bytes=cap, total_memory=total, workers=workers,
-                                     replay_cap=replay_cap)
-    if explain_oom and oom_at is not None:
-        grid = dict(report.suggestion["runs"]) if report.suggestion else {}
-        grid.update({r.settings: r for r in runs})
-        report.oom = explain(trace, base, cap_bytes=replay_cap, total_memory=total, grid=grid)
-    if not suggest:
-        report.suggestion = None
-    if show:
-        from IPython.display import display
-
-        display(report)
-    return report
-
-
-__all__ = ["FORMAT", "JSON_FIELDS", "Report", "doctor"]
+__all__ = ["FORMAT", "JSON_FIELDS", "Report", "check_options", "doctor"]

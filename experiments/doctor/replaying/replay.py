@@ -1,6 +1,6 @@
 """Replaying a snapshot's trace through the engine, exactly, checked event by event.
 
-:func:`replay` drives :class:`experiments.doctor.engine.Engine` with the requests of a
+:func:`replay` drives :class:`experiments.doctor.model.engine.Engine` with the requests of a
 trace (alloc, free_requested, free_completed) under the settings the program ran with,
 handing it the segment addresses the driver chose. After every request it checks that the
 engine made exactly the segment allocations and releases the trace shows, at that event,
@@ -15,15 +15,16 @@ Things a trace does not say, and how they are recovered:
   ``torch.cuda.empty_cache()``, or a deleted MemPool's release of its own pool; a private
   pool is freeable (nothing holds it) from its first release on.
 * Which pool (default, MemPool, CUDA graph) a request was routed to: see
-  :mod:`experiments.doctor.attribution` (choices, backtracking, alternatives).
+  :mod:`experiments.doctor.replaying.attribution` (choices, backtracking, alternatives).
 * Blocks that CUDA-graph trees put back where a pool checkpoint held them
   (``setSegmentStateToCheckpoint``), not where best fit would: a private pool's request for
   a block's exact size at the start of a free block of that pool.
 * Blocks allocated before recording began: their segments and blocks are rebuilt from the
-  frees of unknown blocks, the releases of unknown segments and the final state.
+  frees of unknown blocks, the releases of unknown segments and the final state
+  (:mod:`experiments.doctor.replaying.start`).
 
-The request list a replay recovers (:attr:`Run.requests`) is what
-:func:`experiments.doctor.whatif.what_if` runs again under other settings or a cap.
+The request list a replay recovers (``Run.requests``) is what
+:func:`experiments.doctor.answers.whatif.what_if` runs again under other settings or a cap.
 """
 from __future__ import annotations
 
@@ -31,15 +32,14 @@ import re
 from bisect import bisect_right, insort
 from typing import Any, Sequence
 
-from .attribution import PoolChoices, alternatives, search
-from .engine import DEFAULT_POOL, Engine, EngineOutOfMemory
-from .loader import ImpossibleTraceError
-from .requestlog import KEY_SHIFT, Requests
-from .run import (R_ALLOC, R_EMPTY, R_FREE_DONE, R_FREE_REQ, R_FREEABLE, R_RESTORE, R_RETRY,  # noqa: F401
-                  Run, _finish, _no_gc)
-from .rules import SMALL_SIZE, get_allocation_size
-from .trace import (ALLOC, FREE_DONE, FREE_REQ, OOM, SEG_ALLOC, SEG_FREE, SEG_MAP, SEG_UNMAP, SNAPSHOT, Trace,
-                    starting_state)
+from ..errors import ImpossibleTraceError
+from ..model.engine import Engine, EngineOutOfMemory, no_cyclic_gc
+from ..model.rules import DEFAULT_POOL, H200_TOTAL_MEMORY, SMALL_SIZE
+from ..reading.rows import ALLOC, FREE_DONE, FREE_REQ, OOM, SEG_ALLOC, SEG_FREE, SEG_MAP, SEG_UNMAP, SNAPSHOT
+from .attribution import PoolAttribution, alternatives, search
+from .requests import KEY_SHIFT, R_ALLOC, R_FREE_DONE, R_FREE_REQ, R_FREEABLE, R_RESTORE, R_RETRY, Requests
+from .run import Run
+from .start import starting_state
 
 _SEG_NAMES = {SEG_ALLOC: "segment_alloc", SEG_FREE: "segment_free", SEG_MAP: "segment_map",
               SEG_UNMAP: "segment_unmap"}
@@ -65,9 +65,13 @@ def _peaks(run: Run, peak_a: int, peak_r: int, peak_k: int) -> None:
     run.peak_index = max(peak_k, 0)
 
 
-class _Replayer(PoolChoices):
-    def __init__(self, trace: Trace, cap_bytes: int | None, total_memory: int,
-                 forced: dict[int, tuple[int, int]] | None = None):
+class _Replayer:
+    """One replay of a trace under its recorded settings, with the pool choices of ``forced``
+    (:func:`replay` runs it, backtracking through its :class:`PoolAttribution`)."""
+
+    def __init__(self, trace: Any, cap_bytes: int | None, total_memory: int,
+                 forced: dict[int, tuple[int, int]] | None = None, *, stop_at: int | None = None,
+                 series: bool = True):
         self.trace = trace
         self.engine = Engine(trace.config, cap_bytes=cap_bytes, total_memory=total_memory)
         self.bases: list[int] = []           # sorted segment / range bases seen by the trace
@@ -79,20 +83,17 @@ class _Replayer(PoolChoices):
         self.keys: dict[int, int] = {}       # addr -> request key
         self.next_key = 0
         self.requests = Requests(trace.events)
+        # which pool each request that made a new segment went to, where the trace leaves it open
+        self.attribution = PoolAttribution(self.engine, self.requests, forced)
         self.trace_reserved = 0
-        self.private: list[tuple[int, int]] = []            # private pools seen, oldest first
-        self.inferred = 0
         self.restores = 0                    # blocks placed by a pool checkpoint (CUDA-graph trees)
-        self.forced = forced or {}           # event index -> pool, for a new segment (see replay())
-        self.decisions: list[tuple[int, list[tuple[int, int]], int]] = []
-        self.made: list[tuple[int, int, int]] = []   # (base, end, decision) of segments a choice placed
         self.peak_reserved, self.peak_event = -1, 0
         self.segment_log: list[tuple[str, int, int]] = []   # the driver's view: cudaMalloc / cudaFree / new range
-        self.stop_at: int | None = None
-        self.at: int | None = None           # the trace event of the request being placed (slow paths)
+        self.stop_at = stop_at
         self.n_initial = 0
-        self.series = True                   # keep the bytes after every request (the peaks are kept either way)
+        self.series = series                 # keep the bytes after every request (the peaks are kept either way)
         self.expandable = trace.config.expandable_segments
+        self.result: Run | None = None
 
     # -- segment bookkeeping of the trace
     def _containing(self, addr: int) -> int | None:
@@ -109,8 +110,7 @@ class _Replayer(PoolChoices):
         insort(self.bases, base)
         self.seg_end[base] = base + size
         self.seg_pool[base] = pool
-        if pool != DEFAULT_POOL and pool not in self.private:
-            self.private.append(pool)
+        self.attribution.saw(pool)
 
     def _drop_base(self, base: int) -> None:
         self.bases.remove(base)
@@ -118,7 +118,7 @@ class _Replayer(PoolChoices):
         del self.seg_pool[base]
 
     def _seed(self) -> list[tuple[int, int, int, tuple[int, int]]]:
-        """Blocks and segments from before the recording (see trace.starting_state)."""
+        """Blocks and segments from before the recording (:func:`starting_state`)."""
         state = starting_state(self.trace, self.engine)
         for base, size, pool in state.bases:
             self._add_base(base, size, pool)
@@ -136,7 +136,13 @@ class _Replayer(PoolChoices):
         return seeded
 
     def run(self) -> Run:
+        """Replay the trace (up to ``stop_at``); the Run is also kept as ``result``."""
+        self.result = self._run()
+        return self.result
+
+    def _run(self) -> Run:
         trace, eng = self.trace, self.engine
+        private = self.attribution.private
         run = Run(trace.settings)
         ev = trace.events
         n = len(ev)
@@ -165,7 +171,7 @@ class _Replayer(PoolChoices):
         i = 0
         try:
             run.initial = self._seed()
-            only_default = not self.private
+            only_default = not private
             stop = n if self.stop_at is None else min(n, self.stop_at)
             for i, code, addr, size, stream in zip(range(stop), codes, addrs, ev.sizes, ev.streams):
                 if code == FREE_REQ:
@@ -196,7 +202,7 @@ class _Replayer(PoolChoices):
                 elif code == ALLOC:
                     if buf:
                         self._alloc(i, buf, survives)
-                        only_default = not self.private
+                        only_default = not private
                     else:
                         # fast path: no segment event, so the block is in a segment the trace knows;
                         # until the trace shows a private pool, every such segment is the default pool's
@@ -239,7 +245,7 @@ class _Replayer(PoolChoices):
                     continue
                 elif code == OOM:
                     self._oom(i, buf, size, stream)
-                    only_default = not self.private
+                    only_default = not private
                 else:
                     raise _Mismatch(i, trace.unknown.get(i, "?"), "a trace entry of a kind the doctor does not "
                                     f"know ({trace.unknown.get(i)!r}); it cannot follow the allocator past it")
@@ -256,7 +262,7 @@ class _Replayer(PoolChoices):
                 run.events_replayed = stop
                 run.requests = reqs
                 _peaks(run, peak_a, peak_r, peak_k)
-                _finish(run, eng)
+                run.finish(eng)
                 return run
             i = n
             self._flush_empty(n, buf)
@@ -276,7 +282,7 @@ class _Replayer(PoolChoices):
         run.peak_event = self.peak_event
         run.segment_log = self.segment_log
         _peaks(run, peak_a, peak_r, peak_k)
-        _finish(run, eng)
+        run.finish(eng)
         return run
 
     def _unknown_block(self, i: int, action: str, addr: int) -> None:
@@ -349,19 +355,6 @@ class _Replayer(PoolChoices):
             eng.freeable.update(new)
             self.requests.add_extra((R_FREEABLE, tuple(new)))
 
-    def _release_events(self, blocks: list) -> list[tuple[int, int, int]]:
-        out = []
-        for b in blocks:
-            seg = b.seg
-            if seg.expandable:
-                page = self.engine.page(seg.small)
-                begin = seg.addr + -(-(b.addr - seg.addr) // page) * page
-                end = seg.addr + ((b.addr + b.size - seg.addr) // page) * page
-                out.append((SEG_UNMAP, begin, end - begin))
-            else:
-                out.append((SEG_FREE, seg.addr, seg.size))
-        return sorted(out)
-
     def _flush_empty(self, i: int, buf: list[int], check: bool = True) -> None:
         if not buf:
             return
@@ -377,7 +370,7 @@ class _Replayer(PoolChoices):
         pool_id = DEFAULT_POOL
         if DEFAULT_POOL not in pools and len(pools) == 1:
             expected = sorted((ev[j][0], ev[j][1], ev[j][2]) for j in buf)
-            if self._release_events(eng.release_cached_plan(DEFAULT_POOL)) != expected:
+            if sorted((_CODES[a], addr, size) for a, addr, size in eng.release_cached_events(DEFAULT_POOL)) != expected:
                 pool_id = next(iter(pools))
         eng.empty_cache(pool_id)
         self.requests.add_empty(pool_id)
@@ -389,39 +382,26 @@ class _Replayer(PoolChoices):
 
     def _drop_ranges(self) -> None:
         if self.expandable:
-            live = {s.addr for s in self.engine._segments.values()}
+            live = self.engine.segment_bases()
             for base in [b for b in self.bases if b not in live]:
                 self._drop_base(base)
 
-    def _malloc_releases(self, size: int, stream: int, pool: tuple[int, int]) -> bool:
-        """Whether malloc itself would release cached memory for this request (the garbage
-        collector, or a refused segment's out-of-memory path) rather than find a block."""
-        eng = self.engine
-        rounded = eng.round(size)
-        small = rounded <= SMALL_SIZE
-        fl = eng._free.get((pool, small, stream))
-        if fl is not None and eng.get_free_block(fl, rounded) is not None:
-            return False
-        if eng.cap_bytes is None:
-            return False
-        if eng._gc_counting and pool == DEFAULT_POOL and not small:
-            eng._gc_calls += 1             # malloc counts its get_free_block call before collecting
-            try:
-                if eng.garbage_collect_plan():
-                    return True
-            finally:
-                eng._gc_calls -= 1
-        return eng.reserved_bytes + get_allocation_size(rounded, eng.config) > eng.cap_bytes
+    def _pool_guess(self, i: int, addr: int, stream: int, creates: list[int]) -> tuple[int, int]:
+        # the pool a request most likely went to before its segment events are placed: the
+        # segment it landed in, else its stream's last pool
+        base = self._containing(addr)
+        if base is not None and not creates:
+            return self.seg_pool[base]
+        return self.attribution.stream_pool(stream, i)
 
     def _alloc(self, i: int, buf: list[int], survives: list[bool]) -> None:
         eng, ev = self.engine, self.trace.events
-        self.at = i
         _, addr, size, stream = ev[i]
         creates = [j for j in buf if ev[j][0] in (SEG_ALLOC, SEG_MAP)]
         frees = [j for j in buf if ev[j][0] in (SEG_FREE, SEG_UNMAP)]
         small = eng.round(size) <= SMALL_SIZE
         # an empty_cache before this request, unless the malloc path itself releases
-        if frees and not self._malloc_releases(size, stream, self._pool_guess(addr, stream, creates)):
+        if frees and not eng.malloc_releases(size, stream, self._pool_guess(i, addr, stream, creates)):
             first_create = min(creates) if creates else None
             pre = [j for j in buf if j in frees and (first_create is None or j < first_create)]
             rest = [j for j in buf if j not in pre]
@@ -451,10 +431,7 @@ class _Replayer(PoolChoices):
             if known is not None:
                 pool = known
             else:
-                n_dec = len(self.decisions)
-                pool = self._choose_pool(i, size, stream, small, ev[j][0])
-                if len(self.decisions) > n_dec:
-                    self.made.append((lo, hi, n_dec))
+                pool = self.attribution.choose(i, size, stream, maps=ev[j][0] == SEG_MAP, region=(lo, hi))
         else:
             base = self._containing(addr)
             if base is not None:
@@ -498,8 +475,7 @@ class _Replayer(PoolChoices):
     def _oom(self, i: int, buf: list[int], size: int, stream: int) -> None:
         eng = self.engine
         eng.address_hook = None
-        self.at = i
-        pool = self._stream_pool(stream)
+        pool = self.attribution.stream_pool(stream, i)
         self._mark_freeable([j for j in buf if self.trace.events[j][0] in (SEG_FREE, SEG_UNMAP)])
         try:
             eng.malloc(size, stream, pool)
@@ -528,13 +504,14 @@ class _Replayer(PoolChoices):
                     raise _Mismatch(n, "end", "the final layout differs from the snapshot's segments", w, g)
 
 
-def replay(trace: Trace, *, cap_bytes: int | None = None, total_memory: int | None = None,
+def replay(trace: Any, *, cap_bytes: int | None = None, total_memory: int | None = None,
            stop_at: int | None = None, series: bool = True) -> Run:
-    """Replay ``trace`` under the settings it was recorded with; check it event by event.
+    """Replay ``trace`` (a :class:`~experiments.doctor.reading.trace.Trace`) under the settings
+    it was recorded with; check it event by event.
 
     Where the trace leaves a new segment's pool open, the replay chooses and, when the trace
     later contradicts a choice, goes back and replays again
-    (:func:`experiments.doctor.attribution.search`).
+    (:func:`experiments.doctor.replaying.attribution.search`).
 
     Args:
         cap_bytes: the memory cap the program ran under (default: the snapshot's own
@@ -553,14 +530,12 @@ def replay(trace: Trace, *, cap_bytes: int | None = None, total_memory: int | No
         got furthest); with ``alternatives`` and ``open_keys`` where pools were left open.
     """
     cap = cap_bytes if cap_bytes is not None else trace.cap_bytes
-    total = total_memory or trace.total_memory or 150_109_880_320
+    total = total_memory or trace.total_memory or H200_TOTAL_MEMORY
 
     def once(forced: dict[int, tuple[int, int]]) -> _Replayer:
-        r = _Replayer(trace, cap, total, forced)
-        r.stop_at = stop_at
-        r.series = series
-        with _no_gc():
-            r.result = r.run()
+        r = _Replayer(trace, cap, total, forced, stop_at=stop_at, series=series)
+        with no_cyclic_gc():
+            r.run()
         return r
 
     best, last = search(once)
@@ -568,17 +543,15 @@ def replay(trace: Trace, *, cap_bytes: int | None = None, total_memory: int | No
     best.restores = last.restores
     if stop_at is not None and best is last.result:
         best.live_keys = last.live_keys()
+    att = last.attribution
     if best is last.result and best.matches_trace and stop_at is None:
-        best.pool_choices = len(last.decisions)
+        best.pool_choices = len(att.decisions)
         # Other attributions are looked for only where the trace shows private pools at all:
         # otherwise every new segment could be a pool of its own, used once, and none is.
-        if last.private:
-            best.alternatives = alternatives(once, last.decisions)
+        if att.private:
+            best.alternatives = alternatives(once, att.decisions)
             # the requests whose pool is open: those placed in a segment a choice attributed
-            placed = [e[1] for e in trace.events if e[0] == ALLOC]      # request keys follow allocation order
-            first = len(best.initial)
-            best.open_keys = frozenset(first + n for n, a in enumerate(placed)
-                                       if any(lo <= a < hi for lo, hi, _ in last.made))
+            best.open_keys = att.open_keys(trace, len(best.initial))
     return best
 
 

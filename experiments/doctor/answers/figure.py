@@ -6,17 +6,17 @@ from typing import Any, Mapping
 
 
 def draw(report: Any) -> Any:
-    """The figure of a :class:`experiments.doctor.report.Report`: reserved (solid) and allocated
+    """The figure of a :class:`experiments.doctor.answers.report.Report`: reserved (solid) and allocated
     (dashed) bytes over the requests for every setting on one axis, and the segment map at the
     recorded run's peak. Returns a matplotlib Figure."""
-    from ..core.plotting import figure_function
+    from ...core.plotting import figure_function
 
     # a figure_function call, so that the book can draw it again for phones
     return figure_function(_draw)(report)
 
 
 def _draw(report: Any) -> Any:
-    from ..core.plotting import fit_text, is_narrow, legend_below, mib, new_figure, segment_map
+    from ...core.plotting import fit_text, is_narrow, legend_below, mib, new_figure, segment_map
 
     fig, (ax, ax2) = new_figure(2, 1, height=6.4)
     runs = [report.series(r) for r in [report.replay] + report.what_ifs]

@@ -15,13 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from experiments.doctor.report import doctor
-from experiments.doctor.engine import Engine
+from experiments.doctor.answers.report import doctor
+from experiments.doctor.model.engine import Engine
 from experiments.allocator.model import GiB, MiB, AllocatorConfig, round_size
-from experiments.doctor.whatif import what_if
-from experiments.doctor.replay import replay
+from experiments.doctor.answers.whatif import WhatIf, what_if
+from experiments.doctor.replaying.replay import replay
 from tests.snapshot_forms import torch_form
-from experiments.doctor.trace import (ALLOC, FREE_REQ, SnapshotError, config_from_snapshot, load, read)
+from experiments.doctor.errors import SnapshotError
+from experiments.doctor.reading.loader import load
+from experiments.doctor.reading.rows import ALLOC, FREE_REQ
+from experiments.doctor.reading.trace import config_from_snapshot, read
 
 RECORDED = Path(__file__).resolve().parent.parent / "experiments" / "recorded" / "alloc.doctor_snapshots" / "nvidia-h200.json"
 DOC = json.loads(RECORDED.read_text())
@@ -98,7 +101,7 @@ def test_what_if_equals_the_run_recorded_under_that_setting(replays, key):
     base_key = (key[0], "")
     assert _requests(key) == _requests(base_key), "the program's requests must be the same to compare"
     base_trace, base = replays[base_key]
-    run, _ = what_if(base, AllocatorConfig.from_settings(key[1]), key[1], cap_bytes=base_trace.cap_bytes,
+    run, _ = what_if(base, WhatIf.parse(key[1]), cap_bytes=base_trace.cap_bytes,
                      total_memory=base_trace.total_memory)
     gpu = RUNS[key]
     assert run.final_reserved_bytes == gpu["final"]["reserved_bytes.all.current"]
@@ -112,7 +115,7 @@ def test_what_if_for_the_real_model_ranks_the_settings_like_the_gpu(replays):
     base_trace, base = replays[("training", "")]
     got = {}
     for s in ("expandable_segments:True", "max_split_size_mb:64", "roundup_power2_divisions:4"):
-        run, _ = what_if(base, AllocatorConfig.from_settings(s), s, total_memory=base_trace.total_memory)
+        run, _ = what_if(base, WhatIf.parse(s), total_memory=base_trace.total_memory)
         got[s] = run.final_reserved_bytes
     gpu = {s: RUNS[("training", s)]["final"]["reserved_bytes.all.current"] for s in got}
     assert sorted(got, key=got.get) == sorted(gpu, key=gpu.get)
@@ -122,7 +125,7 @@ def test_what_if_for_the_real_model_ranks_the_settings_like_the_gpu(replays):
 
 def test_expandable_range_is_one_and_an_eighth_of_the_device():
     """GPU (H200, 2.11): alloc 60 GiB, 1 GiB, 60 GiB; free A, C; empty_cache; alloc 100 GiB - 10 MiB
-    leaves 1,040 MiB + 102,400 MiB reserved, the big one in a new range (issue 11)."""
+    leaves 1,040 MiB + 102,400 MiB reserved, the big one in a new range."""
     run = RUNS[("expandable_range", "expandable_segments:True")]
     big = next(p for p in run["phases"] if p["phase"] == "big")
     assert big["reserved_bytes.all.current"] == (1040 + 102400) * MiB
@@ -198,8 +201,8 @@ def test_cli_json_has_the_promised_fields(snap_file):
     out = _cli(str(snap_file), "--json", "--what-if", "expandable_segments:True", "--what-if", "max_split_size_mb:64")
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
-    # issue 11's four fields are still there; issue 17 added format, device_total_bytes, cap_bytes,
-    # cap_source, oom and suggestion (experiments.doctor.report.JSON_FIELDS)
+    # the first format's four fields are still there, beside format, device_total_bytes, cap_bytes,
+    # cap_source, oom and suggestion (experiments.doctor.answers.report.JSON_FIELDS): none is removed
     assert {"trace_events", "settings", "replay", "what_if"} <= set(doc)
     assert doc["replay"]["matches_trace"] is True and doc["replay"]["first_mismatch"] is None
     assert doc["replay"]["final_reserved_bytes"] == RUNS[("cap", "")]["final"]["reserved_bytes.all.current"]
@@ -244,7 +247,7 @@ def test_an_unknown_trace_entry_stops_the_replay_there():
 
 def test_recording_takes_one_fresh_process_per_workload_and_setting(monkeypatch):
     """Settings are read once per process: each (workload, setting) gets its own, 21 in all."""
-    from experiments.allocator import doctor_gpu
+    from experiments.doctor.lab import snapshots as lab_snapshots
     from experiments.core import device, runner
 
     calls = []
@@ -262,13 +265,13 @@ def test_recording_takes_one_fresh_process_per_workload_and_setting(monkeypatch)
 
     monkeypatch.setattr(runner, "run_fresh", fake_run_fresh)
     monkeypatch.setattr(device, "require_cuda", lambda *a, **k: None)
-    for w in doctor_gpu.WORKLOADS:
-        out = doctor_gpu.doctor_snapshots(workload=w)
-        assert [r["settings"] for r in out["runs"]] == list(doctor_gpu.SETTINGS[w])
+    for w in lab_snapshots.WORKLOADS:
+        out = lab_snapshots.doctor_snapshots(workload=w)
+        assert [r["settings"] for r in out["runs"]] == list(lab_snapshots.SETTINGS[w])
     assert sorted(calls) == sorted(RUNS)
     assert len(calls) == 21
     with pytest.raises(ValueError, match="workload"):
-        doctor_gpu.doctor_snapshots(workload="resnet")
+        lab_snapshots.doctor_snapshots(workload="resnet")
 
 
 def test_the_exercise_answer_comes_from_the_gpus_runs():

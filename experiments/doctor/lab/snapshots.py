@@ -26,11 +26,10 @@ import gc
 import random
 from typing import Any, Callable
 
-from ..core.registry import Param, experiment
-from ..doctor.trace import FORMAT, compact_snapshot  # noqa: F401  (the recordings' snapshot form)
-
-MiB = 1024**2
-GiB = 1024**3
+from ...core.registry import Param, experiment
+from ...core.units import GiB, MiB, memory_fraction
+from ..reading.trace import compact_snapshot
+from .recorder import Recorder, empty, gpu_stats, start_history
 
 # Workload -> the settings it is recorded under. A setting is a PYTORCH_CUDA_ALLOC_CONF string
 # ('' = defaults); 'cap' workloads also set a memory fraction inside the process.
@@ -49,60 +48,14 @@ CAP_BYTES = 1 * GiB           # the 'cap' workload's memory cap
 TRAINING_BATCHES = (24, 32, 40, 48)
 
 
-# ----------------------------------------------------------------------------- GPU side
+# ----------------------------------------------------------------------------- the workloads
 
-def _stats() -> dict[str, int]:
-    import torch
-
-    s = torch.cuda.memory_stats()
-    keys = ("allocated_bytes.all.current", "reserved_bytes.all.current", "active_bytes.all.current",
-            "requested_bytes.all.current", "allocated_bytes.all.peak", "reserved_bytes.all.peak",
-            "num_alloc_retries", "num_ooms", "segment.all.current", "num_device_alloc", "num_device_free")
-    out = {k: int(s.get(k, 0)) for k in keys}
-    out["memory_reserved"] = int(torch.cuda.memory_reserved())
-    out["memory_allocated"] = int(torch.cuda.memory_allocated())
-    return out
-
-
-class _Recorder:
-    """Phase marks: the trace length and the GPU's counters after each phase."""
-
-    def __init__(self) -> None:
-        self.phases: list[dict[str, Any]] = []
-
-    def mark(self, name: str) -> None:
-        import torch
-
-        torch.cuda.synchronize()
-        n = len(torch.cuda.memory._snapshot()["device_traces"][0])  # ends with this 'snapshot' entry
-        self.phases.append({"phase": name, "trace_index": n, **_stats()})
-
-
-def _start_history() -> None:
-    import torch
-
-    try:
-        torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python",
-                                                 max_entries=2_000_000)
-    except TypeError:  # older signature
-        torch.cuda.memory._record_memory_history(True, trace_alloc_max_entries=2_000_000)
-
-
-def _empty(nbytes: int, stream: Any = None) -> Any:
-    import torch
-
-    if stream is None:
-        return torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    with torch.cuda.stream(stream):
-        return torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-
-
-def _w_mixed(rec: _Recorder) -> None:
+def _w_mixed(rec: Recorder) -> None:
     import torch
 
     side = torch.cuda.Stream()
     rng = random.Random(11)
-    keep = [_empty(2100), _empty(3 * MiB + 1), _empty(33 * MiB + 1), _empty(129 * MiB)]  # rounding probes
+    keep = [empty(2100), empty(3 * MiB + 1), empty(33 * MiB + 1), empty(129 * MiB)]  # rounding probes
     rec.mark("probes")
     live: list[Any] = []
     for i in range(1500):
@@ -112,7 +65,7 @@ def _w_mixed(rec: _Recorder) -> None:
             band = rng.random()
             n = int(2 ** rng.uniform(0, 20)) if band < 0.5 else int(2 ** rng.uniform(20, 23.3)) if band < 0.8 \
                 else int(2 ** rng.uniform(23.3, 27.6))
-            live.append(_empty(max(1, n), side if rng.random() < 0.3 else None))
+            live.append(empty(max(1, n), side if rng.random() < 0.3 else None))
         if i % 400 == 399:
             torch.cuda.empty_cache()
         if i % 500 == 499:
@@ -125,31 +78,31 @@ def _w_mixed(rec: _Recorder) -> None:
     rec.mark("empty_cache")
 
 
-def _w_streams(rec: _Recorder) -> None:
+def _w_streams(rec: Recorder) -> None:
     import torch
 
     s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
-    a = _empty(30 * MiB, s1)
-    b = _empty(30 * MiB)
+    a = empty(30 * MiB, s1)
+    b = empty(30 * MiB)
     del a                                   # back to s1's pool: a default-stream request cannot use it
-    c = _empty(30 * MiB)
-    d = _empty(30 * MiB, s1)                # takes a's block
+    c = empty(30 * MiB)
+    d = empty(30 * MiB, s1)                # takes a's block
     rec.mark("stream_pools")
     pending = []
     for i in range(6):
-        x = _empty(8 * MiB)
+        x = empty(8 * MiB)
         with torch.cuda.stream(s2):
             torch.cuda._sleep(20_000_000)   # ~10 ms: the free below completes only later
             x.add_(1)
         x.record_stream(s2)
         pending.append(x)
     pending.clear()                         # free_requested now, free_completed when s2 gets there
-    y = _empty(8 * MiB)                      # likely a new block: the old ones are still pending
+    y = empty(8 * MiB)                      # likely a new block: the old ones are still pending
     rec.mark("record_stream")
     torch.cuda.synchronize()
-    z = _empty(8 * MiB)                      # process_events: completes the pending frees first
+    z = empty(8 * MiB)                      # process_events: completes the pending frees first
     rec.mark("after_sync")
-    w = _empty(12 * MiB)
+    w = empty(12 * MiB)
     with torch.cuda.stream(s2):
         torch.cuda._sleep(50_000_000)
         w.add_(1)
@@ -163,24 +116,24 @@ def _w_streams(rec: _Recorder) -> None:
     rec.mark("end")
 
 
-def _w_pools(rec: _Recorder) -> None:
+def _w_pools(rec: Recorder) -> None:
     import torch
 
-    base = _empty(5 * MiB)
+    base = empty(5 * MiB)
     pool = torch.cuda.MemPool()
     with torch.cuda.use_mem_pool(pool):
-        p1 = _empty(5 * MiB)
-        p2 = _empty(700 * 1024)
-        p3 = _empty(40 * MiB)
+        p1 = empty(5 * MiB)
+        p2 = empty(700 * 1024)
+        p3 = empty(40 * MiB)
     del p1
-    q = _empty(5 * MiB)                     # default pool: does not take p1's free block
+    q = empty(5 * MiB)                     # default pool: does not take p1's free block
     with torch.cuda.use_mem_pool(pool):
-        p4 = _empty(4 * MiB)                # private pool: reuses p1's block
+        p4 = empty(4 * MiB)                # private pool: reuses p1's block
     rec.mark("mempool")
     pool2 = torch.cuda.MemPool()
     with torch.cuda.use_mem_pool(pool2):
-        r1 = _empty(24 * MiB)
-        r2 = _empty(300 * 1024)
+        r1 = empty(24 * MiB)
+        r2 = empty(300 * 1024)
     del r1, r2
     del pool2                               # releases pool2's free segments
     gc.collect()
@@ -216,46 +169,48 @@ def _w_pools(rec: _Recorder) -> None:
     _ = (pool, g, y)                        # alive until the snapshot
 
 
-def _w_cap(rec: _Recorder) -> None:
+def _w_cap(rec: Recorder) -> None:
     import torch
 
+    from ...core.device import cap_memory
+
     total = torch.cuda.get_device_properties(0).total_memory
-    torch.cuda.set_per_process_memory_fraction(CAP_BYTES / total)
-    rec.phases.append({"phase": "cap", "trace_index": 0, "cap_bytes": int(CAP_BYTES / total * total),
-                       "fraction": CAP_BYTES / total, "total_memory": int(total), **_stats()})
-    blocks = [_empty(30 * MiB) for _ in range(30)]          # 900 MiB in 30 segments
+    enforced = cap_memory(CAP_BYTES)
+    rec.phases.append({"phase": "cap", "trace_index": 0, "cap_bytes": enforced,
+                       "fraction": memory_fraction(CAP_BYTES, total), "total_memory": int(total), **gpu_stats()})
+    blocks = [empty(30 * MiB) for _ in range(30)]          # 900 MiB in 30 segments
     del blocks[::2]                                         # 450 MiB free in 15 holes
     rec.mark("fragmented")
-    big = _empty(200 * MiB)        # needs the OOM path: release the free segments, then retry
+    big = empty(200 * MiB)        # needs the OOM path: release the free segments, then retry
     rec.mark("retry")
     try:
-        huge = _empty(700 * MiB)   # does not fit even after releasing everything
+        huge = empty(700 * MiB)   # does not fit even after releasing everything
     except torch.OutOfMemoryError:
         huge = None
     rec.mark("oom")
     del big, huge
-    small = [_empty(6 * MiB) for _ in range(40)]
+    small = [empty(6 * MiB) for _ in range(40)]
     del small[1::2]
-    mid = [_empty(25 * MiB) for _ in range(10)]   # 450 + 120 + 250 MiB allocated: fits the cap
+    mid = [empty(25 * MiB) for _ in range(10)]   # 450 + 120 + 250 MiB allocated: fits the cap
     rec.mark("refill")
     del small, mid, blocks
     gc.collect()
     for n in (150, 260, 90, 300):
-        t = _empty(n * MiB)
+        t = empty(n * MiB)
         del t
     rec.mark("end")
 
 
-def _w_late_start(rec: _Recorder) -> None:
+def _w_late_start(rec: Recorder) -> None:
     import torch
 
-    early = [_empty(n) for n in (3 * MiB, 500 * 1024, 25 * MiB, 9 * MiB, 100 * 1024)]
-    gap = _empty(7 * MiB)
+    early = [empty(n) for n in (3 * MiB, 500 * 1024, 25 * MiB, 9 * MiB, 100 * 1024)]
+    gap = empty(7 * MiB)
     del gap
-    _start_history()
+    start_history(max_entries=2_000_000)
     rec.mark("recording")
     del early[1], early[2]
-    more = [_empty(n) for n in (2 * MiB, 24 * MiB, 400 * 1024, 11 * MiB)]
+    more = [empty(n) for n in (2 * MiB, 24 * MiB, 400 * 1024, 11 * MiB)]
     rec.mark("mixed")
     early.clear()
     more.pop(0)
@@ -263,23 +218,23 @@ def _w_late_start(rec: _Recorder) -> None:
     rec.mark("end")
 
 
-def _w_expandable_range(rec: _Recorder) -> None:
+def _w_expandable_range(rec: Recorder) -> None:
     import torch
 
-    a = _empty(60 * GiB)
-    b = _empty(1 * GiB)
-    c = _empty(60 * GiB)
+    a = empty(60 * GiB)
+    b = empty(1 * GiB)
+    c = empty(60 * GiB)
     del a, c
     torch.cuda.empty_cache()
     rec.mark("freed")
-    d = _empty(100 * GiB - 10 * MiB)
+    d = empty(100 * GiB - 10 * MiB)
     rec.mark("big")
     del b, d
     torch.cuda.empty_cache()
     rec.mark("end")
 
 
-def _w_training(rec: _Recorder) -> None:
+def _w_training(rec: Recorder) -> None:
     import torch
     from torch import nn
 
@@ -311,7 +266,7 @@ def _w_training(rec: _Recorder) -> None:
         rec.mark(f"batch{bs}")
 
 
-_WORKLOADS: dict[str, Callable[[_Recorder], None]] = {
+_WORKLOADS: dict[str, Callable[[Recorder], None]] = {
     "mixed": _w_mixed, "streams": _w_streams, "pools": _w_pools, "cap": _w_cap,
     "late_start": _w_late_start, "expandable_range": _w_expandable_range, "training": _w_training,
 }
@@ -332,9 +287,9 @@ def snapshot_worker(workload: str) -> dict[str, Any]:
     if workload not in _WORKLOADS:
         raise ValueError(f"workload must be one of {sorted(_WORKLOADS)}, got {workload!r}")
     torch.cuda.init()
-    rec = _Recorder()
+    rec = Recorder()
     if workload != "late_start":
-        _start_history()
+        start_history(max_entries=2_000_000)
     _WORKLOADS[workload](rec)
     torch.cuda.synchronize()
     snap = compact_snapshot(torch.cuda.memory._snapshot())
@@ -343,7 +298,7 @@ def snapshot_worker(workload: str) -> dict[str, Any]:
     snap["device_total_bytes"] = total
     cap = next((p.get("cap_bytes") for p in rec.phases if "cap_bytes" in p), None)
     snap["memory_cap_bytes"] = cap
-    return {"snapshot": snap, "phases": rec.phases, "device_total_bytes": total, "final": _stats()}
+    return {"snapshot": snap, "phases": rec.phases, "device_total_bytes": total, "final": gpu_stats()}
 
 
 # ----------------------------------------------------------------------------- the experiment
@@ -376,15 +331,15 @@ def doctor_snapshots(workload: str = "training") -> dict[str, Any]:
         snapshot (compact form), phases (the GPU's counters after each phase), final
         (counters at the end) and device_total_bytes.
     """
-    from ..core.device import require_cuda
-    from ..core.runner import run_fresh
+    from ...core.device import require_cuda
+    from ...core.runner import run_fresh
 
     require_cuda("alloc.doctor_snapshots")
     if workload not in SETTINGS:
         raise ValueError(f"workload must be one of {sorted(SETTINGS)}, got {workload!r}")
     runs = []
     for setting in SETTINGS[workload]:
-        value = run_fresh("experiments.allocator.doctor_gpu:snapshot_worker", {"workload": workload},
+        value = run_fresh("experiments.doctor.lab.snapshots:snapshot_worker", {"workload": workload},
                           alloc_conf_settings=setting or None, timeout_s=300).unwrap()
         runs.append({"settings": setting, **value})
     return {"runs": runs}
@@ -404,15 +359,15 @@ def own_snapshot(workload: str = "training", *, mode: str | None = None) -> dict
     Raises:
         ValueError: an unknown workload or mode.
     """
-    from ..core.registry import resolve_mode, run
+    from ...core.registry import resolve_mode, run
 
     if workload not in SETTINGS:
         raise ValueError(f"workload must be one of {sorted(SETTINGS)}, got {workload!r}")
     if resolve_mode(mode) == "live":
-        from ..core.device import collect_provenance
-        from ..core.runner import run_fresh
+        from ...core.device import collect_provenance
+        from ...core.runner import run_fresh
 
-        value = run_fresh("experiments.allocator.doctor_gpu:snapshot_worker", {"workload": workload},
+        value = run_fresh("experiments.doctor.lab.snapshots:snapshot_worker", {"workload": workload},
                           alloc_conf_settings=None, timeout_s=300).unwrap()
         return {"settings": "", **value, "source": f"live on {collect_provenance().gpu_name}"}
     result = run("alloc.doctor_snapshots", mode="recorded", workload=workload)

@@ -1,10 +1,12 @@
 """The requests a replay recovers from a trace, kept compactly for the what-ifs to run again
-(:class:`Requests`).
+(:class:`Requests`, the request log), and the kinds of request.
 
-A long trace has hundreds of thousands of requests: as tuples they took about 90 bytes each
-(40 MiB on the 450k-event trace); here the common ones take one int64 each, and the rare ones
-(inferred releases of freeable pools, requests that failed on the GPU) keep their tuple in a
-side dict keyed by the request's index.
+A replay (:mod:`experiments.doctor.replaying.replay`) recovers from a trace the list of
+requests the program made of the allocator; a what-if (:mod:`experiments.doctor.answers.whatif`)
+runs the same list again under other settings. A long trace has hundreds of thousands of
+requests: as tuples they took about 90 bytes each (40 MiB on the 450k-event trace); here the
+common ones take one int64 each, and the rare ones (inferred releases of freeable pools,
+requests that failed on the GPU) keep their tuple in a side dict keyed by the request's index.
 """
 from __future__ import annotations
 
@@ -12,10 +14,16 @@ import re
 from array import array
 from typing import Any, Iterable, Iterator
 
-from .engine import DEFAULT_POOL
-from .loader import ImpossibleTraceError
-from .run import R_ALLOC, R_EMPTY, R_FREE_DONE, R_FREE_REQ, R_FREEABLE, R_RESTORE, R_RETRY
-from .trace import ALLOC
+from ..errors import ImpossibleTraceError
+from ..model.rules import DEFAULT_POOL
+from ..reading.rows import ALLOC
+
+# Request kinds (small ints, so that the loops stay fast), as tuples: (R_ALLOC, key, bytes,
+# stream, pool), (R_FREE_REQ, key), (R_FREE_DONE, key), (R_EMPTY, pool id: the default for
+# empty_cache(), a private one for a deleted MemPool), (R_RETRY, bytes, stream, pool: a request
+# that failed on the GPU), (R_FREEABLE, pool ids), (R_RESTORE, key, bytes, stream, pool: a block
+# a private pool's checkpoint put in place).
+R_ALLOC, R_FREE_REQ, R_FREE_DONE, R_EMPTY, R_RETRY, R_FREEABLE, R_RESTORE = range(7)
 
 POOL_SHIFT = 3
 POOL_BITS = 20
@@ -28,7 +36,7 @@ class Requests:
     """The requests of a replay, in order; what-ifs run them again.
 
     Each request is one int64 in ``data``: ``kind | pool << 3 | key << 23``. ``kind`` is one of
-    the R_* codes of :mod:`experiments.doctor.run`; ``pool`` an index into ``pools`` (R_ALLOC,
+    the R_* codes above; ``pool`` an index into ``pools`` (R_ALLOC,
     R_RESTORE, R_EMPTY); ``key`` the block's key (R_ALLOC, R_RESTORE, R_FREE_REQ, R_FREE_DONE).
     R_FREEABLE and R_RETRY keep their tuple in ``extras`` under their index. A block's bytes
     and stream are not stored per request: key ``k`` of a replay is its ``(k - first)``-th
@@ -36,7 +44,7 @@ class Requests:
     only freed), so they are read from the trace's columns when first asked for
     (:meth:`sizes_streams`).
 
-    Iterating, indexing or slicing gives the tuples of :mod:`experiments.doctor.run`:
+    Iterating, indexing or slicing gives the request tuples:
     (R_ALLOC, key, bytes, stream, pool), (R_FREE_REQ, key), (R_FREE_DONE, key), (R_EMPTY, pool),
     (R_RETRY, bytes, stream, pool), (R_FREEABLE, pools), (R_RESTORE, key, bytes, stream, pool).
 
@@ -210,4 +218,5 @@ def as_requests(requests: Any) -> Requests:
     return requests if isinstance(requests, Requests) else Requests.from_tuples(requests)
 
 
-__all__ = ["KEY_SHIFT", "POOL_MASK", "POOL_SHIFT", "Requests", "as_requests"]
+__all__ = ["KEY_SHIFT", "POOL_MASK", "POOL_SHIFT", "R_ALLOC", "R_EMPTY", "R_FREEABLE", "R_FREE_DONE", "R_FREE_REQ",
+           "R_RESTORE", "R_RETRY", "Requests", "as_requests"]

@@ -1,6 +1,7 @@
 """The caching allocator of one device with streams, private pools, a cap and expandable segments.
 
-This is the engine of the allocator doctor (:mod:`experiments.doctor`). It mirrors the class
+This is the engine of the allocator doctor (:mod:`experiments.doctor`), the one model of the
+allocator that the replay, the what-ifs and chapter 1 call. It mirrors the class
 ``DeviceCachingAllocator`` of ``c10/cuda/CUDACachingAllocator.cpp`` (torch 2.11): each rule
 is one method named after the C++ function it follows (``malloc``, ``get_free_block``,
 ``alloc_block``, ``alloc_found_block``, ``free_block``, ``try_merge_blocks``,
@@ -10,7 +11,7 @@ is one method named after the C++ function it follows (``malloc``, ``get_free_bl
 ``try_allocate_expandable_block``, ``map_block``, ``unmap_block``), written down in the rules
 file RULES.md (sections §A-§D cited below). The size rules (``round_size``,
 ``get_allocation_size``, ``get_pool``, ``should_split``, the expandable page and range) are
-pure functions of :mod:`experiments.doctor.rules`; the engine calls them and has no copy.
+pure functions of :mod:`experiments.doctor.model.rules`; the engine calls them and has no copy.
 
 * a block belongs to the stream it was allocated on; free blocks are kept per (pool, stream)
   in lists sorted by (size, address), so best fit is one ``bisect`` (§A.6, §B.1);
@@ -28,20 +29,26 @@ Segment addresses are the driver's choice: give the engine the addresses a trace
 (``addresses`` or ``address_hook``) to reproduce a run block for block; otherwise a top-down
 first-fit address space stands in for the driver, and :attr:`Engine.address_ties` counts the
 decisions that then depended on an address the driver did not give. Sizes are in bytes.
+
+Its state is its own: the replay reaches it through a few public seams only
+(:meth:`Engine.seed_segment`, a segment that existed before a recording began;
+:meth:`Engine.malloc_releases`, whether malloc's slow path would release cached memory for a
+request; :meth:`Engine.can_serve`, whether a pool's cached blocks could serve one;
+:meth:`Engine.release_cached_events`, what an ``empty_cache`` would release), so that each
+rule of the allocator is written once, here.
 """
 from __future__ import annotations
 
+import gc
 from bisect import bisect_left, insort
 from collections import deque
 from typing import Any, Callable, Iterable
 
-from ..core.units import format_bytes
-from .rules import (DEFAULT, LARGE_BUFFER, MIN_BLOCK_SIZE, SMALL_BUFFER, SMALL_SIZE, AllocatorConfig,
-                    expandable_range_size, expandable_segment_size, get_allocation_size, round_size,
-                    should_split)
+from ...core.units import format_bytes
+from .rules import (DEFAULT, DEFAULT_POOL, H200_TOTAL_MEMORY, MIN_BLOCK_SIZE, SMALL_BUFFER, SMALL_SIZE,
+                    AllocatorConfig, expandable_range_size, expandable_segment_size, get_allocation_size,
+                    round_size, should_split)
 
-H200_TOTAL_MEMORY = 150_109_880_320   # totalGlobalMem of the lab H200 (RULES.md §I)
-DEFAULT_POOL = (0, 0)
 _NO_LIMIT = 1 << 62
 
 
@@ -158,7 +165,7 @@ class Engine:
     """The caching allocator of one device (C++ ``DeviceCachingAllocator``).
 
     Args:
-        config: allocator settings (:class:`experiments.doctor.rules.AllocatorConfig`).
+        config: allocator settings (:class:`experiments.doctor.model.rules.AllocatorConfig`).
         cap_bytes: memory cap in bytes (``fraction × total memory``), or None.
         total_memory: the device's memory in bytes; sets the expandable range size
             (default: the lab H200's 150,109,880,320 B).
@@ -221,7 +228,7 @@ class Engine:
     # ------------------------------------------------------------------ public operations
 
     def round(self, nbytes: int) -> int:
-        """:func:`~experiments.doctor.rules.round_size` under this engine's settings (cached:
+        """:func:`~experiments.doctor.model.rules.round_size` under this engine's settings (cached:
         traces repeat sizes)."""
         r = self._round.get(nbytes)
         if r is None:
@@ -261,6 +268,105 @@ class Engine:
             del keys[i]
         return self.alloc_found_block(block, size, nbytes, fl, "small" if small else "large")
 
+    def malloc_releases(self, nbytes: int, stream: int = 0, pool_id: tuple[int, int] = DEFAULT_POOL) -> bool:
+        """Whether :meth:`malloc` of ``nbytes`` would release cached memory before it is served
+        (the garbage collector before a new segment, or the out-of-memory path after the cap
+        refused one) rather than take a cached block or a new segment; no change.
+
+        The replay asks this to tell malloc's own releases from an ``empty_cache`` that the
+        trace does not record (RULES.md §A.5, §A.9): a request a cached block serves releases
+        nothing; without a cap nothing is refused; with ``garbage_collection_threshold``, a
+        large request of the default pool releases what the collector would (counted as
+        malloc counts its ``get_free_block`` call first); else the cap refuses a new segment
+        of ``get_allocation_size`` bytes when reserved bytes plus that exceed it.
+        """
+        size = self.round(nbytes)
+        small = size <= SMALL_SIZE
+        fl = self._free.get((pool_id, small, stream))
+        if fl is not None and self.get_free_block(fl, size) is not None:
+            return False
+        if self.cap_bytes is None:
+            return False
+        if self._gc_counting and pool_id == DEFAULT_POOL and not small:
+            self._gc_calls += 1             # malloc counts its get_free_block call before collecting
+            try:
+                if self.garbage_collect_plan():
+                    return True
+            finally:
+                self._gc_calls -= 1
+        return self._cap_refuses(get_allocation_size(size, self.config))
+
+    def can_serve(self, nbytes: int, stream: int, pool_id: tuple[int, int], *, maps: bool = False) -> bool:
+        """Whether pool ``pool_id``'s cached blocks on ``stream`` could serve ``nbytes`` (best fit,
+        :meth:`get_free_block`), or, for a request that mapped pages (``maps``: its trace shows
+        a ``segment_map``), whether the pool has an expandable range on that stream to map them
+        in; no change. A request routed to a pool that could have served it would have been."""
+        size = self.round(nbytes)
+        small = size <= SMALL_SIZE
+        fl = self._free.get((pool_id, small, stream))
+        if fl is not None and self.get_free_block(fl, size) is not None:
+            return True
+        return maps and bool(self._ranges.get((pool_id, small, stream)))
+
+    def seed_segment(self, addr: int, size: int, stream: int, pool_id: tuple[int, int], small: bool,
+                     blocks: list[tuple[int, int, int]], *, expandable: bool = False,
+                     mapped: list[tuple[int, int]] | None = None) -> dict[int, Block]:
+        """Put in place a segment that existed before a trace began (a late-started recording),
+        with its live blocks; counted in reserved, allocated and active bytes.
+
+        Args:
+            blocks: live blocks as (address, size, requested_size) inside the segment; the
+                gaps become free blocks (cached, in the free lists).
+            mapped: for an expandable range, the mapped runs as (address, size); the rest of
+                the range stays unmapped.
+
+        Returns:
+            {address: block} of the live blocks.
+        """
+        seg = Segment(addr, size, stream, pool_id, small, expandable)
+        self._segments[addr] = seg
+        if expandable:
+            self._ranges.setdefault((pool_id, small, stream), []).append(seg)
+        fl = self._list(pool_id, small, stream)
+        pieces: list[tuple[int, int, str, int]] = []
+        runs = sorted(mapped or [(addr, size)])
+        live = sorted(blocks)
+        pos = addr
+        for ra, rs in runs:
+            if ra > pos:
+                pieces.append((pos, ra - pos, "unmapped", 0))
+            p = ra
+            for ba, bs, req in live:
+                if ra <= ba < ra + rs:
+                    if ba > p:
+                        pieces.append((p, ba - p, "free", 0))
+                    pieces.append((ba, bs, "live", req))
+                    p = ba + bs
+            if p < ra + rs:
+                pieces.append((p, ra + rs - p, "free", 0))
+            pos = ra + rs
+            self.reserved_bytes += rs
+        if pos < addr + size:
+            pieces.append((pos, addr + size - pos, "unmapped", 0))
+        out, prev = {}, None
+        for pa, ps, kind, req in pieces:
+            b = Block(pa, ps, seg, prev, None, mapped=kind != "unmapped")
+            if prev is None:
+                seg.head = b
+            else:
+                prev.next = b
+            prev = b
+            if kind == "live":
+                b.allocated, b.requested = True, req
+                self.allocated_bytes += ps
+                self.active_bytes += ps
+                out[pa] = b
+            elif kind == "free":
+                self._insert_free(fl, b)
+            else:
+                fl.unmapped[pa] = b
+        return out
+
     def free_requested(self, block: Block) -> None:
         """The tensor died (C++ ``free``, RULES.md §A.8): its bytes leave ``allocated`` now. The
         block stays active and out of its pool until :meth:`free_completed`: at once when it
@@ -296,6 +402,10 @@ class Engine:
         self.events = []
         self.release_cached_blocks(pool_id)
 
+    def segment_bases(self) -> set[int]:
+        """The base address of every segment and expandable range the engine holds now."""
+        return set(self._segments)
+
     def pool_ids(self) -> set[tuple[int, int]]:
         """Every pool id that owns segments now."""
         return {s.pool_id for s in self._segments.values()}
@@ -324,7 +434,7 @@ class Engine:
         return all(addr + size <= s.addr or s.addr + s.size <= addr for s in self._segments.values())
 
     def range_size(self, small: bool) -> int:
-        """Virtual range of one expandable segment (:func:`~experiments.doctor.rules.expandable_range_size`)."""
+        """Virtual range of one expandable segment (:func:`~experiments.doctor.model.rules.expandable_range_size`)."""
         return expandable_range_size(small, self.total_memory, self.config)
 
     # ------------------------------------------------------------------ malloc's steps
@@ -417,7 +527,7 @@ class Engine:
 
     def alloc_found_block(self, block: Block, size: int, nbytes: int, fl: _FreeList, pool: str) -> Block:
         """Hand ``block`` out for a request of ``nbytes`` (rounded ``size``), splitting off the
-        remainder when :func:`~experiments.doctor.rules.should_split` says so (``pool``: 'small'
+        remainder when :func:`~experiments.doctor.model.rules.should_split` says so (``pool``: 'small'
         or 'large', the half of the pool the block is in): the allocation takes the low end, the
         remainder stays free in the same pool (C++ ``alloc_found_block``, RULES.md §A.7)."""
         remaining = block.size - size
@@ -496,7 +606,7 @@ class Engine:
         C++ ``alloc_block`` (RULES.md §A.5, §A.11): the cap check compares reserved bytes plus
         ``get_allocation_size`` with the cap, also for expandable segments (whose mapping
         ignores that size, §C.2). The block is returned out of the free lists."""
-        if self.cap_bytes is not None and self.reserved_bytes + alloc > self.cap_bytes:
+        if self._cap_refuses(alloc):
             return None
         if self._expandable:
             return self.try_allocate_expandable_block(size, small, stream, pool_id)
@@ -650,12 +760,25 @@ class Engine:
         for fl in self._lists_to_release(pool_id):
             for b in fl.blocks.values():
                 if b.seg.expandable:
-                    page = self.page(b.seg.small)
-                    off = b.addr - b.seg.addr
-                    if (off + b.size) // page > -(-off // page):
+                    begin, end = self._whole_pages(b)
+                    if end > begin:
                         out.append(b)
                 elif b.prev is None and b.next is None:
                     out.append(b)
+        return out
+
+    def release_cached_events(self, pool_id: tuple[int, int] = DEFAULT_POOL) -> list[tuple[str, int, int]]:
+        """The segment events (as :attr:`events` holds them: ``segment_free`` of a whole segment,
+        ``segment_unmap`` of the whole pages of an expandable block) that
+        :meth:`release_cached_blocks` would make now, in no particular order; no change, pending
+        frees ignored. The replay asks it to tell an ``empty_cache`` from a MemPool's release."""
+        out = []
+        for b in self.release_cached_plan(pool_id):
+            if b.seg.expandable:
+                begin, end = self._whole_pages(b)
+                out.append(("segment_unmap", begin, end - begin))
+            else:
+                out.append(("segment_free", b.seg.addr, b.seg.size))
         return out
 
     def release_cached_blocks(self, pool_id: tuple[int, int] = DEFAULT_POOL) -> None:
@@ -707,7 +830,7 @@ class Engine:
     # ------------------------------------------------------------------ expandable segments
 
     def page(self, small: bool) -> int:
-        """:func:`~experiments.doctor.rules.expandable_segment_size` of the small or large pool."""
+        """:func:`~experiments.doctor.model.rules.expandable_segment_size` of the small or large pool."""
         return expandable_segment_size("small" if small else "large", self.config)
 
     def try_allocate_expandable_block(self, size: int, small: bool, stream: int,
@@ -779,10 +902,7 @@ class Engine:
         """Unmap the whole pages inside the free expandable ``block``; the partial pages at
         either end stay mapped and free; a range with nothing mapped left is released (C++
         ``unmap_block``, ``release_expandable_segment``, RULES.md §C.3)."""
-        page = self.page(block.seg.small)
-        base = block.seg.addr
-        begin = base + -(-(block.addr - base) // page) * page
-        end = base + ((block.addr + block.size - base) // page) * page
+        begin, end = self._whole_pages(block)
         if end <= begin:
             return
         fl.remove(block)
@@ -836,6 +956,18 @@ class Engine:
             fl = self._free[key] = _FreeList()
         return fl
 
+    def _whole_pages(self, block: Block) -> tuple[int, int]:
+        # [begin, end) of the whole pages inside an expandable block (empty when end <= begin):
+        # what unmapping it releases; the partial pages at either end stay mapped (RULES.md §C.3)
+        page = self.page(block.seg.small)
+        base = block.seg.addr
+        return (base + -(-(block.addr - base) // page) * page,
+                base + ((block.addr + block.size - base) // page) * page)
+
+    def _cap_refuses(self, alloc: int) -> bool:
+        # alloc_block's check against the cap (set_per_process_memory_fraction), RULES.md §A.11
+        return self.cap_bytes is not None and self.reserved_bytes + alloc > self.cap_bytes
+
     def _insert_free(self, fl: _FreeList, b: Block) -> None:
         b.gc_base = self._gc_calls
         fl.add(b)
@@ -866,5 +998,18 @@ class Engine:
         }
 
 
-__all__ = ["Block", "Engine", "EngineOutOfMemory", "H200_TOTAL_MEMORY", "DEFAULT_POOL", "LARGE_BUFFER",
-           "MIN_BLOCK_SIZE"]
+class no_cyclic_gc:
+    """``with no_cyclic_gc():`` the cyclic garbage collector paused. The engine's blocks link to
+    their neighbours (``prev``/``next``): with thousands of live blocks the collector would rescan
+    those reference cycles over and over during a replay or a what-if, for nothing to free."""
+
+    def __enter__(self) -> None:
+        self.was = gc.isenabled()
+        gc.disable()
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.was:
+            gc.enable()
+
+
+__all__ = ["Block", "Engine", "EngineOutOfMemory", "Segment", "no_cyclic_gc"]

@@ -8,11 +8,11 @@ tensors and cached segments behind (a late start).
 """
 import pytest
 
-from experiments.doctor.report import doctor
-from experiments.allocator.doctor_gpu import SETTINGS
-from experiments.doctor.trace import compact_snapshot
-from experiments.doctor.replay import replay
-from experiments.doctor.trace import read
+from experiments.doctor.answers.report import doctor
+from experiments.doctor.lab.snapshots import SETTINGS
+from experiments.doctor.reading.trace import compact_snapshot
+from experiments.doctor.replaying.replay import replay
+from experiments.doctor.reading.trace import read
 from experiments.core.runner import run_fresh
 
 pytestmark = pytest.mark.gpu
@@ -22,7 +22,7 @@ CASES = [(w, s) for w, settings in SETTINGS.items() for s in settings[:2]]
 
 @pytest.mark.parametrize("workload,settings", CASES, ids=[f"{w}[{s or 'default'}]" for w, s in CASES])
 def test_live_snapshot_replays_and_matches_the_counters(workload, settings):
-    value = run_fresh("experiments.allocator.doctor_gpu:snapshot_worker", {"workload": workload},
+    value = run_fresh("experiments.doctor.lab.snapshots:snapshot_worker", {"workload": workload},
                       alloc_conf_settings=settings or None, timeout_s=300).unwrap()
     run = replay(read(value))
     assert run.matches_trace, run.first_mismatch
@@ -56,11 +56,11 @@ def test_snapshot_of_this_process_started_late():
 
 
 def test_own_snapshot_is_one_fresh_process_of_a_few_seconds_and_replays_exactly():
-    """Chapter 1's live doctor section records one snapshot of the reader's GPU (issue 17:
-    the section took 77 s when it recorded the lab's 21 settings live)."""
+    """Chapter 1's live doctor section records one snapshot of the reader's GPU (the section
+    took 77 s when it recorded the lab's 21 settings live: a live page has 60 s)."""
     import time
 
-    from experiments.allocator.doctor_gpu import own_snapshot
+    from experiments.doctor.lab.snapshots import own_snapshot
 
     t0 = time.perf_counter()
     mine = own_snapshot(mode="live")
@@ -74,7 +74,7 @@ def test_own_snapshot_is_one_fresh_process_of_a_few_seconds_and_replays_exactly(
 
 
 def test_chapter_1_runs_live_in_60_seconds():
-    """The whole chapter 1 notebook, live on this GPU, in at most 60 s (issue 17 item 7).
+    """The whole chapter 1 notebook, live on this GPU, in at most 60 s (a live page's budget).
     Needs nbclient, nbformat and ipykernel (carry them to the GPU machine)."""
     import time
 

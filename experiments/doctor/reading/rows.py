@@ -1,21 +1,23 @@
 """A device's trace as columns (:class:`Rows`), and the codes of its actions: what the restricted
-loader (:mod:`experiments.doctor.unpickle`, :mod:`experiments.doctor.loader`) builds instead of
-torch's list of dicts, about 30 bytes a trace entry instead of about 500."""
+loader (:mod:`experiments.doctor.reading.unpickler`, :mod:`experiments.doctor.reading.loader`)
+builds instead of torch's list of dicts, about 30 bytes a trace entry instead of about 500. The
+replay reads the same codes (small ints keep its loop fast)."""
 from __future__ import annotations
 
 from array import array
 from typing import Any, Iterator
 
-# Trace actions and their codes (the order of experiments.doctor.trace.ACTIONS).
+# Trace actions and their codes: ACTIONS[code] is the action's name.
 ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
            "segment_unmap", "snapshot", "oom")
+ALLOC, FREE_REQ, FREE_DONE, SEG_ALLOC, SEG_FREE, SEG_MAP, SEG_UNMAP, SNAPSHOT, OOM, UNKNOWN = range(10)
 IGNORED = ("annotate", "user_defined")      # markers that do not touch memory: code IGNORED_CODE
 IGNORED_CODE = 10
-UNKNOWN_CODE = 9                            # any other action: the name is kept in Rows.unknown
+UNKNOWN_CODE = UNKNOWN                      # any other action: the name is kept in Rows.unknown
 ACTION_CODE = {a: i for i, a in enumerate(ACTIONS)} | {a: IGNORED_CODE for a in IGNORED}
-OOM_CODE = ACTION_CODE["oom"]
+OOM_CODE = OOM
 # Fields every memory action must carry (an 'oom' entry has device_free where the others have addr).
-_NEEDS = {c: ("addr", "size", "stream") for c in range(7)} | {OOM_CODE: ("device_free", "size", "stream")}
+NEEDS = {c: ("addr", "size", "stream") for c in range(7)} | {OOM_CODE: ("device_free", "size", "stream")}
 ADDR_LIMIT = 1 << 62        # addresses and stream ids: below this (device pointers are < 2^57)
 SIZE_LIMIT = 1 << 46        # sizes: at most 64 TiB, more than any GPU has
 
@@ -79,4 +81,6 @@ class Rows:
         return list(self.stack_table[s]) if s >= 0 else []
 
 
-__all__ = ["ACTIONS", "ACTION_CODE", "ADDR_LIMIT", "IGNORED_CODE", "OOM_CODE", "Rows", "SIZE_LIMIT", "UNKNOWN_CODE"]
+__all__ = ["ACTIONS", "ACTION_CODE", "ADDR_LIMIT", "ALLOC", "FREE_DONE", "FREE_REQ", "IGNORED", "IGNORED_CODE", "NEEDS",
+           "OOM", "OOM_CODE", "Rows", "SEG_ALLOC", "SEG_FREE", "SEG_MAP", "SEG_UNMAP", "SIZE_LIMIT", "SNAPSHOT",
+           "UNKNOWN", "UNKNOWN_CODE"]
