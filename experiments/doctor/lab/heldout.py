@@ -35,11 +35,10 @@ import random
 import socket
 from typing import Any, Callable
 
-from .doctor_gpu import _Recorder, _stats, compact_snapshot
-from .doctor_programs import _sleep_ms, _warm_streams
-
-MiB = 1024**2
-GiB = 1024**3
+from ...core.registry import Param, experiment
+from ...core.units import MiB
+from ..reading.trace import compact_snapshot
+from .recorder import Recorder, gpu_stats, sleep_ms, warm_streams
 
 # case -> (memory cap in bytes or None, the settings it is recorded under; the first is the
 # reader's run, the others the GPU's answers to the what-ifs)
@@ -70,7 +69,7 @@ def _history(frames: bool, skip: bool = False) -> None:
 
 # ----------------------------------------------------------------------------- the programs
 
-def _h_late_start(rec: _Recorder, frames: bool) -> None:
+def _h_late_start(rec: Recorder, frames: bool) -> None:
     """An MLP and AdamW with its state on the GPU (one step taken), then the history starts and
     the loop goes on with ragged batches; the cache is emptied at the end."""
     import torch
@@ -103,7 +102,7 @@ def _h_late_start(rec: _Recorder, frames: bool) -> None:
     rec.mark("end")
 
 
-def _h_oom_carry_on(rec: _Recorder, frames: bool) -> None:
+def _h_oom_carry_on(rec: Recorder, frames: bool) -> None:
     """Training under a 1.25 GiB cap with a batch-size schedule that overshoots: a step that
     runs out of memory (in the forward or the backward, activations alive) is dropped, the
     error caught, and the loop goes on with the next batch."""
@@ -138,7 +137,7 @@ def _h_oom_carry_on(rec: _Recorder, frames: bool) -> None:
     rec.mark("end")
 
 
-def _h_compiled_expandable(rec: _Recorder, frames: bool) -> None:
+def _h_compiled_expandable(rec: Recorder, frames: bool) -> None:
     """A small residual MLP with LayerNorm trained under ``torch.compile(mode="reduce-overhead")``
     (CUDA-graph trees), AdamW, two batch sizes."""
     import torch
@@ -173,7 +172,7 @@ def _h_compiled_expandable(rec: _Recorder, frames: bool) -> None:
     rec.mark("end")
 
 
-def _h_paged_kv_mempool(rec: _Recorder, frames: bool) -> None:
+def _h_paged_kv_mempool(rec: Recorder, frames: bool) -> None:
     """A paged KV cache under a 1.5 GiB cap: requests arrive with a prompt (a prefill that makes
     large temporaries in the default pool), then decode one token a step; every 16 tokens a
     request takes a page (24 layers x K/V x 16 tokens x 8 heads x 128, bf16: 1.5 MiB) allocated
@@ -253,7 +252,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _h_fsdp2(rec: _Recorder, frames: bool) -> None:
+def _h_fsdp2(rec: Recorder, frames: bool) -> None:
     """FSDP2 (``fully_shard``) on one rank, NCCL with world size 1: four MLP blocks sharded one
     by one and the root, AdamW, ragged batches, then the process group is destroyed."""
     import torch
@@ -293,7 +292,7 @@ def _h_fsdp2(rec: _Recorder, frames: bool) -> None:
         dist.destroy_process_group()
 
 
-def _h_handoff_skip(rec: _Recorder, frames: bool) -> None:
+def _h_handoff_skip(rec: Recorder, frames: bool) -> None:
     """A side stream produces ragged batches that the default stream consumes; each is handed
     over with ``record_stream`` and dropped while the consumer is behind. The history skips
     ``free_requested``: only the frees' completions are in the trace."""
@@ -301,18 +300,18 @@ def _h_handoff_skip(rec: _Recorder, frames: bool) -> None:
 
     rng = random.Random(7)
     side, main = torch.cuda.Stream(), torch.cuda.current_stream()
-    _warm_streams(side, main)
+    warm_streams(side, main)
     w = torch.randn(1024, 1024, device="cuda")
     rec.mark("weights")
     for window in range(8):
         for _ in range(6):
             rows = rng.choice((128, 256, 384, 640, 900)) * rng.randint(1, 3)
             with torch.cuda.stream(side):
-                _sleep_ms(0.2)
+                sleep_ms(0.2)
                 batch = torch.empty(rows, 1024, device="cuda").normal_()
             main.wait_stream(side)
             batch.record_stream(main)
-            _sleep_ms(3.0)
+            sleep_ms(3.0)
             act = torch.relu(batch @ w)
             del batch
             total = act.sum()
@@ -324,7 +323,7 @@ def _h_handoff_skip(rec: _Recorder, frames: bool) -> None:
     rec.mark("end")
 
 
-PROGRAMS: dict[str, Callable[[_Recorder, bool], None]] = {
+PROGRAMS: dict[str, Callable[[Recorder, bool], None]] = {
     "late_start": _h_late_start, "oom_carry_on": _h_oom_carry_on, "compiled_expandable": _h_compiled_expandable,
     "paged_kv_mempool": _h_paged_kv_mempool, "fsdp2": _h_fsdp2, "handoff_skip": _h_handoff_skip,
 }
@@ -358,7 +357,7 @@ def heldout_worker(case: str, pickle_path: str | None = None) -> dict[str, Any]:
     torch.cuda.init()
     total = int(torch.cuda.get_device_properties(0).total_memory)
     cap = HELDOUT[case][0]
-    rec = _Recorder()
+    rec = Recorder()
     if cap is not None:
         torch.cuda.set_per_process_memory_fraction(cap / total)
     frames = case in FRAMES
@@ -376,7 +375,62 @@ def heldout_worker(case: str, pickle_path: str | None = None) -> dict[str, Any]:
     snap = compact_snapshot(raw)
     snap["device_total_bytes"] = total
     snap["memory_cap_bytes"] = int(cap / total * total) if cap is not None else None
-    return {"snapshot": snap, "phases": rec.phases, "device_total_bytes": total, "final": _stats()}
+    return {"snapshot": snap, "phases": rec.phases, "device_total_bytes": total, "final": gpu_stats()}
+
+
+CASE_NAMES = tuple(HELDOUT)
+_RUN = {"type": "object", "required": ["settings", "snapshot", "phases", "final"],
+        "properties": {"settings": {"type": "string"},
+                       "final": {"type": "object", "required": ["reserved_bytes.all.current", "reserved_bytes.all.peak",
+                                                                "num_ooms"]},
+                       "snapshot": {"type": "object", "required": ["format", "trace_z", "segments"]}}}
+
+
+@experiment(
+    "alloc.doctor_heldout",
+    chapter=1,
+    title="Held-back programs the doctor never saw, each under several settings on the GPU",
+    params=[Param("case", "late_start", choices=CASE_NAMES, help="the program")],
+    grid={"case": CASE_NAMES},
+    data_schema={"type": "object", "required": ["case", "runs"],
+                 "properties": {"case": {"type": "string"}, "cap_bytes": {"type": ["integer", "null"]},
+                                "runs": {"type": "array", "minItems": 3, "items": _RUN}}},
+    own_budget=True,   # 6 programs, 3-4 fresh processes each at once, ~2 min: record --experiment alloc.doctor_heldout
+)
+def doctor_heldout(case: str = "late_start") -> dict[str, Any]:
+    """Run ``case`` once per setting of ``HELDOUT[case]``, each in a fresh process, all at once.
+
+    The held-back oracles of the allocator doctor (tests/test_doctor_heldout.py): the run under
+    the first setting is what a reader would have recorded, every other run is what the GPU did
+    under that what-if. Recorded alone (``record --experiment alloc.doctor_heldout``).
+
+    Returns:
+        case; cap_bytes (the memory cap, or None); runs: one dict per setting with settings,
+        elapsed_s, snapshot (compact form with device_total_bytes and memory_cap_bytes),
+        phases (the GPU's counters and trace index after each phase) and final
+        (``memory_stats`` counters at the end).
+
+    Raises:
+        ValueError: an unknown case. FreshProcessError: a run that did not finish.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ...core.device import require_cuda
+    from ...core.runner import run_fresh
+
+    require_cuda("alloc.doctor_heldout")
+    if case not in HELDOUT:
+        raise ValueError(f"case must be one of {sorted(HELDOUT)}, got {case!r}")
+
+    def one(setting: str) -> dict[str, Any]:
+        r = run_fresh("experiments.doctor.lab.heldout:heldout_worker", {"case": case},
+                      alloc_conf_settings=setting or None, timeout_s=300)
+        return {"settings": setting, "elapsed_s": round(r.elapsed_s, 1), **r.unwrap()}
+
+    settings = HELDOUT[case][1]
+    with ThreadPoolExecutor(len(settings)) as pool:
+        runs = list(pool.map(one, settings))
+    return {"case": case, "cap_bytes": HELDOUT[case][0], "runs": runs}
 
 
 def record_all(out: str, workers: int = 8, cases: tuple[str, ...] | None = None) -> dict[str, Any]:
@@ -386,14 +440,14 @@ def record_all(out: str, workers: int = 8, cases: tuple[str, ...] | None = None)
     import json
     from concurrent.futures import ThreadPoolExecutor
 
-    from ..core.runner import run_fresh
+    from ...core.runner import run_fresh
 
     os.makedirs(out, exist_ok=True)
     jobs = [(c, s) for c in (cases or tuple(HELDOUT)) for s in HELDOUT[c][1]]
 
     def one(job: tuple[str, str]) -> tuple[str, str, Any]:
         case, setting = job
-        r = run_fresh("experiments.allocator.doctor_heldout:heldout_worker", {"case": case, "pickle_path": None},
+        r = run_fresh("experiments.doctor.lab.heldout:heldout_worker", {"case": case, "pickle_path": None},
                       alloc_conf_settings=setting or None, timeout_s=300)
         if not r.ok:
             return case, setting, {"error": f"{r.error_kind}: {r.message}", "stderr": r.stderr_tail}
@@ -410,7 +464,7 @@ def record_all(out: str, workers: int = 8, cases: tuple[str, ...] | None = None)
     return summary
 
 
-if __name__ == "__main__":   # python -m experiments.allocator.doctor_heldout OUT [case ...]
+if __name__ == "__main__":   # python -m experiments.doctor.lab.heldout OUT [case ...]
     import json
     import sys
 
