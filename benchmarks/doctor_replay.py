@@ -144,7 +144,7 @@ def real_trace(path: Path, repeat: int) -> None:
 
 def layouts(path: Path, repeat: int) -> None:
     """The same trace as torch 2.11 and 2.12+ write it (pool_id on every entry, forward_frames on
-    every third allocation; tests/doctor_torch_versions.as_layout): reading time against the 2.11
+    every third allocation; as_layout of tests/doctor_torch_versions.py): reading time against the 2.11
     layout's (target <= 1.5x) and against pickle.loads; ``doctor --json`` end to end on the 2.12
     layout against pickle.load (target <= 6x); a 1M-entry 2.12 trace within the default budget."""
     import gzip

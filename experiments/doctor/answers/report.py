@@ -41,9 +41,20 @@ JSON_FIELDS = """The ``--json`` object (``Report.to_json()``), format ``memlab-d
 format            'memlab-doctor-report-1'
 trace_events      events in the trace (annotations left out)
 settings          the PYTORCH_CUDA_ALLOC_CONF the program ran with ('' = the defaults)
-device_total_bytes  the device's memory (the snapshot's, else the lab H200's)
+device_total_bytes  the device's memory (given, the snapshot's, else the lab H200's)
+device_total_source 'given' (--total-memory), 'snapshot' or 'assumed' (the lab H200's)
 cap_bytes         the memory cap the what-ifs ran under, or null
-cap_source        'given', 'fraction', 'snapshot', 'inferred' (from the OOM entry) or null
+cap_source        'given', 'fraction', 'snapshot', 'settings' (per_process_memory_fraction in the
+                  recorded settings), 'inferred' (from the OOM entry) or null
+allocator_rule    the best-fit order between equal free blocks the replay followed: version
+                  ('2.11': 2.11 and before, by address; '2.12': by Block age; '2.13': 2.13 and
+                  2.14, by segment age then address), tried (the orders run, in order), ties
+                  (choices between equal blocks it decided), note (how it is known: the 2.12
+                  and 2.13 orders are read from the source, not yet checked on a GPU), layout
+                  (the trace's layout: '2.11', '2.12' with pool_id, '2.14' with annotate/host keys)
+warnings          one line each: recorded settings not modelled, the device memory assumed where
+                  it matters, a cap below the recording's need, skipped trace actions, a GC
+                  threshold without a known cap
 replay            settings, matches_trace, first_mismatch (null, or event_index, action,
                   reason, expected, got), final/peak reserved and allocated bytes, oom_events
 what_if           one object per --what-if: settings, final/peak reserved and allocated bytes,
@@ -53,14 +64,17 @@ what_if           one object per --what-if: settings, final/peak reserved and al
                   restores, lifetime of requests that failed in the recording), bound_bytes
                   (the most peak or final reserved may be off by; 0 when exact),
                   peak_reserved_range_bytes and final_reserved_range_bytes ([low, high]),
-                  oom_events_range ([fewest, most])
+                  oom_events_range ([fewest, most]), finished (false when a request the
+                  recording served runs out of memory: a program that does not catch the error
+                  stops there) and stopped_at_request (that request, or null)
 oom               null, or the explanation of the first out-of-memory: event_index,
                   request_bytes, rounded_bytes, segment_bytes, pool, stream, device_free_bytes,
                   cap_bytes, allocated_bytes, reserved_bytes, reserved_unallocated_bytes,
                   largest_free_bytes, followed, pinned (segments with free bytes that live
                   blocks pin: address, segment_bytes, pool, stream, free_bytes,
                   live_block_count, live_blocks [address, size, requested_size, frames
-                  [[file, line, name], ...]]), fits_under, fails_under (settings
+                  [[file, line, name], ...], forward_frames (torch 2.12+: the forward pass's
+                  stack of a block allocated in the backward pass)]), fits_under, fails_under (settings
                   whose exact what-if served / refused the request), uncertain_under
                   (settings whose what-if is not exact)
 suggestion        null, or (with --suggest) rows (every setting tried, best first:

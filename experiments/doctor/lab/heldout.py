@@ -7,7 +7,7 @@ first setting is the snapshot a reader brings; every other run is what the GPU d
 what-if, which the doctor's answer is held to (exact means byte-equal, a range holds the GPU's
 figure, an OOM count stated as certain is right).
 
-Unlike :mod:`experiments.allocator.doctor_cases`, these programs are written the way readers
+Unlike :mod:`experiments.doctor.lab.cases`, these programs are written the way readers
 write theirs, not for determinism:
 
 * ``late_start``: the memory history starts after the model and its optimizer (with state) are

@@ -112,7 +112,7 @@ def parse_roundup_divisions(value: int | str | Sequence[int]) -> tuple[int, ...]
 
 # Recorded options that do not change where device blocks go: accepted, and named in a warning
 # line (pinned-memory options, the lock around cudaMalloc, graph-capture reuse of record_stream
-# blocks: RULES.md §F, the notes of issue 24).
+# blocks: RULES.md §F; the option tables of the 2.11-2.14 wheels).
 NOT_PLACEMENT = frozenset({
     "release_lock_on_cudamalloc", "release_lock_on_hipmalloc", "pinned_use_cuda_host_register",
     "pinned_use_hip_host_register", "pinned_num_register_threads", "pinned_use_background_threads",
