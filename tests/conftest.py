@@ -1,5 +1,6 @@
 """Shared test set-up: GPU tests skip without CUDA; plots render off-screen; the book is built
-(and its notebooks executed) once per run."""
+(and its notebooks executed) once per run; with pytest-xdist (`make test` runs ``-n 2``), a
+module's expensive shared set-up stays in one worker and the costliest work starts first."""
 from __future__ import annotations
 
 import os
@@ -15,7 +16,60 @@ from experiments.core.device import has_cuda
 matplotlib.use("Agg")
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """``-n N`` without ``--dist`` distributes as `make test` does: ``loadgroup`` (the groups
+    below stay whole) in this file's order (costliest first), not xdist's plain ``load``."""
+    if getattr(config.option, "numprocesses", None) and config.option.dist == "no":
+        config.option.dist = "loadgroup"
+        config.option.loadscopereorder = False
+
+
+# Module- and class-scoped fixtures that are cheap to make again in a second worker: a test that
+# uses only these may run in either worker. Any other such fixture (a graded class, a built
+# wheel, a Pyodide tab) keeps every test of its module that uses it in one worker, so it is
+# made once.
+CHEAP_SHARED = {"browser"}
+
+
+def _shared_setup(item) -> bool:
+    """Whether the item uses a module- or class-scoped fixture that is costly to make twice."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return False
+    for name in item.fixturenames:
+        defs = info.name2fixturedefs.get(name)
+        if defs and defs[-1].scope in ("module", "class", "package") and name not in CHEAP_SHARED:
+            return True
+    return False
+
+
+def _cost_rank(item) -> int:
+    """0 for what takes longest (slow: browsers, book builds, notebooks, the wheel), 1 for the
+    rest that shares a costly set-up, 2 for everything else."""
+    if "slow" in item.keywords:
+        return 0
+    return 1 if _shared_setup(item) else 2
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
+    # xdist: a test that uses a module's costly shared fixture goes to the worker that has it
+    # (the group is the module's); the costliest groups and tests are handed out first (longest
+    # first, as a scheduler would), so that no worker is left with a long one at the end while
+    # the other idles. The order is a stable
+    # sort, the same in every worker (only workers reorder: a run without xdist keeps the files'
+    # order), and a group's tests stay together in it.
+    groups = {}
+    for item in items:
+        if _shared_setup(item):
+            group = item.module.__name__
+            item.add_marker(pytest.mark.xdist_group(group))
+            groups[group] = min(groups.get(group, 2), _cost_rank(item))
+    if hasattr(config, "workerinput"):
+        # groups first (they cannot be split: the graded classes take minutes), then single tests
+        items.sort(key=lambda item: (0, groups[item.module.__name__]) if _shared_setup(item)
+                   else (1, _cost_rank(item)))
     if has_cuda():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (run on the lab GPU: pytest -m gpu)")
@@ -46,16 +100,25 @@ def built_book(tmp_path_factory) -> Path:
     The build is the one execution of each notebook (it fails on a cell error), made as
     ``make book`` makes it (static explorers). ``make test`` builds the book before pytest and
     names its folder in ``CUDA_MEMLAB_BOOK_BUILD``; without that, the first test that needs the
-    book builds it into a temporary folder.
+    book builds it into a temporary folder (once per run, whatever the xdist workers).
     """
     given = os.environ.get("CUDA_MEMLAB_BOOK_BUILD")
     if given:
         build = Path(given) / "_build"
         assert (build / "html" / "index.html").exists(), f"CUDA_MEMLAB_BOOK_BUILD={given} holds no built book"
         return build
+    from filelock import FileLock
+
     from tests.bookbuild import build_book
 
-    return build_book(tmp_path_factory.mktemp("book")) / "_build"
+    # One build per run, also with xdist: the workers' temporary folders share a parent, and the
+    # first worker to get here builds while the others wait for it.
+    shared = tmp_path_factory.getbasetemp().parent if os.environ.get("PYTEST_XDIST_WORKER") else None
+    out = (shared or tmp_path_factory.getbasetemp()) / "book"
+    with FileLock(str(out) + ".lock"):
+        if not (out / "_build" / "html" / "index.html").exists():
+            build_book(out, jobs=os.cpu_count() or 1)
+    return out / "_build"
 
 
 @pytest.fixture(scope="session")
