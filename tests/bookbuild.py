@@ -3,12 +3,13 @@
 The build's one slow part is executing the notebooks, which Jupyter Book does one at a time.
 :func:`execute_notebooks` runs them beforehand, several at a time, into the execution cache
 the build then reads (``execute_notebooks: cache`` in _config.yml), read and run exactly as
-myst-nb reads and runs them; :func:`check_cache` then fails a build that executed any notebook
-a second time. `make test` does the three steps::
+myst-nb reads and runs them; :func:`finish_build` then fails a build that executed any notebook
+a second time and writes the executed notebooks beside the pages. `make test` does the three
+steps::
 
     python -m tests.bookbuild execute _build/test --jobs 2
     jupyter-book build . --path-output _build/test --warningiserror --keep-going
-    python -m tests.bookbuild check _build/test
+    python -m tests.bookbuild finish _build/test
 """
 from __future__ import annotations
 
@@ -107,20 +108,34 @@ def execute_notebooks(out: Path, jobs: int = 2) -> dict[str, float]:
     return times
 
 
-def check_cache(out: Path) -> None:
-    """Fail when the build into ``out`` executed a notebook that :func:`execute_notebooks` had
-    already run (myst-nb read it differently, so it missed the cache and ran it again).
+def finish_build(out: Path) -> None:
+    """After a build into ``out`` that read the cache :func:`execute_notebooks` filled: fail if it
+    executed a notebook again, and write the executed notebooks where the build writes them
+    (``_build/jupyter_execute/book/*.ipynb``).
+
+    myst-nb writes that copy from the notebook it read, which holds the outputs when it executed
+    it but not when it took them from the cache (it merges them into another copy), so after a
+    build from the cache the copies had no outputs. Each is written as myst-nb writes the one it
+    executed: the read notebook with the cached outputs, execution counts and kernel metadata.
 
     Raises:
-        AssertionError: naming the notebooks run twice.
+        AssertionError: naming the notebooks run twice (myst-nb read them differently, so they
+            missed the cache), or a notebook not in the cache.
     """
-    records = _cache(out).list_cache_records()
+    import nbformat
+
+    cache = _cache(out)
     seen: dict[str, int] = {}
-    for r in records:
+    for r in cache.list_cache_records():
         seen[Path(r.uri).name] = seen.get(Path(r.uri).name, 0) + 1
     twice = sorted(name for name, n in seen.items() if n > 1)
     assert not twice, (f"the book build executed {twice} again: myst-nb read them differently from "
                        f"tests/bookbuild.py's execute_notebooks, whose reading must follow myst-nb's")
+    for path, nb in notebook_pages():
+        _, executed = cache.merge_match_into_notebook(nb)
+        target = out / "_build" / "jupyter_execute" / path.relative_to(ROOT).with_suffix(".ipynb")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(nbformat.writes(executed).encode("utf-8"))
 
 
 def build_book(out: Path, *, student: bool = False, cache: Path | None = None, jobs: int = 1) -> Path:
@@ -163,7 +178,7 @@ def build_book(out: Path, *, student: bool = False, cache: Path | None = None, j
     r = subprocess.run(jb, capture_output=True, text=True, env=env, cwd=ROOT)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     if not student and jobs > 1:
-        check_cache(out)
+        finish_build(out)
     return out
 
 
@@ -173,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     ex = sub.add_parser("execute", help="execute the notebooks into the cache of a build into OUT")
     ex.add_argument("out", type=Path)
     ex.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="notebooks at once (default: the cores)")
-    ch = sub.add_parser("check", help="fail if the build into OUT executed a notebook a second time")
+    ch = sub.add_parser("finish", help="fail if the build into OUT executed a notebook a second time; "
+                                       "write the executed notebooks beside its pages")
     ch.add_argument("out", type=Path)
     args = parser.parse_args(argv)
     out = args.out if args.out.is_absolute() else Path.cwd() / args.out
@@ -183,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(times)} notebooks executed, {args.jobs} at a time, in {time.perf_counter() - t0:.0f} s "
               f"({sum(times.values()):.0f} s one after another)")
     else:
-        check_cache(out)
+        finish_build(out)
     return 0
 
 
