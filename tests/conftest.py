@@ -1,6 +1,7 @@
 """Shared test set-up: GPU tests skip without CUDA; plots render off-screen; the book is built
 (and its notebooks executed) once per run; with pytest-xdist (`make test` runs ``-n 2``), a
-module's expensive shared set-up stays in one worker and the costliest work starts first."""
+module's costly shared set-up stays in one worker and the costliest work starts first
+(tests/scheduling.py)."""
 from __future__ import annotations
 
 import os
@@ -18,58 +19,35 @@ matplotlib.use("Agg")
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config):
-    """``-n N`` without ``--dist`` distributes as `make test` does: ``loadgroup`` (the groups
-    below stay whole) in this file's order (costliest first), not xdist's plain ``load``."""
+    """``-n N`` without ``--dist`` shares the tests out as `make test` does (``--dist loadgroup``,
+    which tests/scheduling.py implements), not by xdist's plain ``load``."""
     if getattr(config.option, "numprocesses", None) and config.option.dist == "no":
         config.option.dist = "loadgroup"
-        config.option.loadscopereorder = False
 
 
-# Module- and class-scoped fixtures that are cheap to make again in a second worker: a test that
-# uses only these may run in either worker. Any other such fixture (a graded class, a built
-# wheel, a Pyodide tab) keeps every test of its module that uses it in one worker, so it is
-# made once.
-CHEAP_SHARED = {"browser"}
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup``: a module with a costly module-scoped fixture runs whole in one
+    worker, everything else test by test, in the order the workers sorted (tests/scheduling.py)."""
+    if config.option.dist != "loadgroup":
+        return None
+    from tests.scheduling import make_scheduler
 
-
-def _shared_setup(item) -> bool:
-    """Whether the item uses a module- or class-scoped fixture that is costly to make twice."""
-    info = getattr(item, "_fixtureinfo", None)
-    if info is None:
-        return False
-    for name in item.fixturenames:
-        defs = info.name2fixturedefs.get(name)
-        if defs and defs[-1].scope in ("module", "class", "package") and name not in CHEAP_SHARED:
-            return True
-    return False
-
-
-def _cost_rank(item) -> int:
-    """0 for what takes longest (slow: browsers, book builds, notebooks, the wheel), 1 for the
-    rest that shares a costly set-up, 2 for everything else."""
-    if "slow" in item.keywords:
-        return 0
-    return 1 if _shared_setup(item) else 2
+    config.option.loadscopereorder = False  # keep the order below
+    return make_scheduler(config, log)
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    # xdist: a test that uses a module's costly shared fixture goes to the worker that has it
-    # (the group is the module's); the costliest groups and tests are handed out first (longest
-    # first, as a scheduler would), so that no worker is left with a long one at the end while
-    # the other idles. The order is a stable
-    # sort, the same in every worker (only workers reorder: a run without xdist keeps the files'
-    # order), and a group's tests stay together in it.
-    groups = {}
-    for item in items:
-        if _shared_setup(item):
-            group = item.module.__name__
-            item.add_marker(pytest.mark.xdist_group(group))
-            groups[group] = min(groups.get(group, 2), _cost_rank(item))
+    # In xdist's workers: the costliest work first (longest first, as a scheduler would), so that
+    # no worker is left with a long test at the end while the other idles. A stable sort, the
+    # same in every worker; a module that runs whole stays together. A run without xdist keeps
+    # the files' order.
     if hasattr(config, "workerinput"):
-        # groups first (they cannot be split: the graded classes take minutes), then single tests
-        items.sort(key=lambda item: (0, groups[item.module.__name__]) if _shared_setup(item)
-                   else (1, _cost_rank(item)))
+        from tests.scheduling import module_of, order_key
+
+        slow_modules = {module_of(i.nodeid) for i in items if "slow" in i.keywords}
+        items.sort(key=lambda i: order_key(i.nodeid, "slow" in i.keywords, module_of(i.nodeid) in slow_modules))
     if has_cuda():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (run on the lab GPU: pytest -m gpu)")
