@@ -564,8 +564,8 @@ streams.check_allocation_stream(None)  # replace None with "a", "b", "c" or "d"
 # of 16 linear layers with 64 MiB of fp32 weights each, one FSDP unit per layer, computing in
 # bf16 (fp16 on a GPU without bf16, such as a T4). Each layer's time is set as in
 # {ref}`ch2-runahead`: a calibrated GPU delay per layer, in forward and again in backward, and a
-# host delay per layer. Every run starts a fresh process, and the streams in the figures are
-# named after FSDP's own stream objects.
+# host delay per layer. FSDP runs in a fresh process, never in your kernel, and the streams in
+# the figures are named after FSDP's own stream objects.
 #
 # **What runs here, and what does not.** There is one GPU, and two process groups:
 #
@@ -578,7 +578,8 @@ streams.check_allocation_stream(None)  # replace None with "a", "b", "c" or "d"
 #
 # A run on several GPUs adds what neither group can show: the time the all-gathers and
 # reduce-scatters take on the network, and how much of it FSDP overlaps with compute. That has
-# not been run for this book.
+# not been run for this book. Where a process group cannot start (a machine without NCCL), the
+# section says so in one line and shows the lab GPU's recording instead.
 #
 # ```{exercise} What limit_all_gathers bounds
 # :label: ex-streams-fsdp-limit
@@ -683,8 +684,9 @@ streams.plot_fsdp_step(fsdp1_step)
 # %% [markdown]
 # The host finishes enqueueing the forward pass long before the GPU does. FSDP2's copy-in
 # stream never holds more than a few buffers. FSDP1's unshard stream piles up one buffer per
-# layer, and they stay parked until a later allocation finds their events complete: here
-# that is the next step's first allocation, long after the GPU finished. The trace behind each
+# layer. They stay parked until a later allocation finds their events complete, and once the
+# host has enqueued the step no allocation comes: the blocks stay parked while the GPU works
+# through the whole step, and after it. The trace behind each
 # figure says it entry by entry: every free is a `free_requested` entry, and a free that
 # `record_stream` deferred gets its `free_completed` entry only later.
 #
