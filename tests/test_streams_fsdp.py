@@ -339,6 +339,9 @@ def test_replay_table_says_so(recorded_mode):
              for r in (recorded("streams.fsdp_step", **s) for s in F.PAGE_STEPS)]
     text = str(streams.fsdp_replay_table(pairs))
     assert text.count(" yes ") == len(pairs) and text.count("3 of 3") == len(pairs)
+    for result, run in pairs:   # the GPU's peak and the doctor's, side by side, equal
+        gpu = max(ph["reserved_bytes.all.peak"] for ph in result["phases"]) / MiB
+        assert f"{gpu:.0f} / {run.peak_reserved_bytes / MiB:.0f}" in text and gpu == run.peak_reserved_bytes / MiB
 
 
 def test_recorded_panel_builds(recorded_mode):

@@ -31,7 +31,7 @@ from ..core.registry import Param, Result, experiment, resolve_mode, run
 from ..core.runner import run_fresh
 from ..core.units import mib_figure
 from .fsdp_gpu import GROUPS, LAYER_HIDDEN, VERSIONS
-from .measurements import POST_URL
+from .measurements import POST_URL, _int, _list, _num, _obj  # the chapter's schema helpers
 
 #: (GPU work per layer, host delay per layer) in ms: the run-ahead points of the sweep.
 FSDP_POINTS: tuple[tuple[float, float], ...] = ((0.0, 0.0), (1.0, 0.0), (10.0, 0.0), (10.0, 5.0))
@@ -239,22 +239,6 @@ def _sweep_data(p: Mapping[str, Any], res: Mapping[str, Any], world_size: int) -
 
 
 # ------------------------------------------------------------------ experiments
-
-def _num(minimum: float | None = None) -> dict[str, Any]:
-    return {"type": "number"} if minimum is None else {"type": "number", "minimum": minimum}
-
-
-def _int(minimum: int = 0) -> dict[str, Any]:
-    return {"type": "integer", "minimum": minimum}
-
-
-def _list(item: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "array", "items": item}
-
-
-def _obj(props: Mapping[str, Any]) -> dict[str, Any]:
-    return {"type": "object", "required": list(props), "properties": dict(props)}
-
 
 _COLLECTIVES = _obj({"all_gather": _int(), "reduce_scatter": _int(), "all_reduce": _int()})
 _VERSION_SERIES = _obj({

@@ -21,6 +21,7 @@ VERSION_STYLE = {  # label, color, marker
 PROGRAM_STYLE = {"record_stream": ("this chapter's record_stream program", PALETTE[4], "--"),
                  "event": ("this chapter's event handoff", PALETTE[0], "--")}
 GROUP_TITLE = {"nccl": "NCCL, one rank (world size 1)", "fake": "torch's fake process group, world size 2"}
+GROUP_SHORT = {"nccl": "NCCL, 1 rank", "fake": "fake group, 2 ranks"}
 PHASE_LABELS = (("backward", "backward"), ("optimizer", "optimizer"), ("enqueued", "host done"), ("done", "GPU done"))
 
 
@@ -199,11 +200,12 @@ def fsdp_replay_table(pairs: Sequence[tuple[Result, Any]]) -> Table:
             equal += marks.get(i) == (ph["allocated_bytes.all.current"], ph["reserved_bytes.all.current"])
         gpu_res = max(ph["reserved_bytes.all.peak"] for ph in d["phases"])
         gpu_alloc = max(ph["allocated_bytes.all.peak"] for ph in d["phases"])
-        rows.append([_version(d), GROUP_TITLE[d["group"]].split(",")[0],
+        rows.append([f"{_version(d)}, {GROUP_SHORT[d['group']]}",
                      "yes" if run.matches_trace else f"no: {run.first_mismatch}",
-                     f"{equal} of {len(d['phases'])}", f"{mib(gpu_res):.0f}", f"{mib(run.peak_reserved_bytes):.0f}",
-                     f"{mib(gpu_alloc):.0f}", f"{mib(run.peak_allocated_bytes):.0f}"])
+                     f"{equal} of {len(d['phases'])}", f"{mib(gpu_res):.0f} / {mib(run.peak_reserved_bytes):.0f}",
+                     f"{mib(gpu_alloc):.0f} / {mib(run.peak_allocated_bytes):.0f}"])
     caption = ("marks: the GPU's allocated and reserved bytes after the model was built, after warm-up, after the "
-               "measured step;\nthe doctor's at the same trace entries. Peaks over the whole trace, MiB.")
-    return Table(["run", "group", "replays exactly", "marks equal", "peak reserved: GPU", "doctor",
-                  "peak allocated: GPU", "doctor"], rows, caption, right=[False, False, False] + [True] * 5)
+               "measured step,\nagainst the doctor's at the same trace entries. Peaks over the whole trace, MiB: "
+               "GPU / doctor.")
+    return Table(["run", "replays exactly", "marks equal", "peak reserved", "peak allocated"], rows, caption,
+                 right=[False, False, False, True, True])
