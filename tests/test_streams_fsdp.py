@@ -302,7 +302,7 @@ def test_recorded_sweeps_render(recorded_mode):
         labels = fig.axes[0].get_legend_handles_labels()[1]
         assert "FSDP2" in labels and ("this chapter's record_stream program" in labels) == (g == "nccl")
         table = str(streams.fsdp_runahead_table(r))
-        assert "FSDP1, limit_all_gathers=False" in table and "host / wall" in table
+        assert "FSDP1, limit off" in table and "host / wall" in table and "limit: limit_all_gathers" in table
 
 
 def test_recorded_steps_render_one_panel_per_stream(recorded_mode):

@@ -613,8 +613,8 @@ streams.check_fsdp_limit(None)  # replace None with "a", "b", "c" or "d"
 
 # %% [markdown]
 # The run-ahead sweep with NCCL and one rank: one training step per point, two runs per point
-# (medians). Each cell gives the peak of active memory above the step's start and, in
-# parentheses, the most memory parked on `record_stream` events at once.
+# (medians). Each of the four middle columns gives the peak of active memory above the step's
+# start, at one setting of GPU work / host delay per layer.
 
 # %% memlab={"reveals": "ex-streams-fsdp-limit"}
 ws1 = streams.fsdp_run("streams.fsdp_runahead")

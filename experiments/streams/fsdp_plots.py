@@ -135,30 +135,37 @@ def _version(d: dict[str, Any]) -> str:
 
 # ------------------------------------------------------------------ tables
 
+TABLE_LABELS = {"fsdp2": "FSDP2", "fsdp1": "FSDP1, limit on", "fsdp1_nolimit": "FSDP1, limit off",
+                "record_stream": "record_stream program", "event": "event handoff program"}
+
+
 def fsdp_runahead_table(result: Result) -> Table:
     """One row per version of a ``streams.fsdp_runahead`` result: what FSDP ran (sharding,
-    collectives per step), and per run-ahead point the peak active MiB above the start
-    with the MiB parked on events."""
+    collectives per step), the peak active MiB above the step's start at each run-ahead point,
+    and the host and wall time of the step at the largest run-ahead (ms); at world size 1 also
+    the chapter's own programs on buffers of one layer's parameters."""
     d = result.data
     order = _order(d)
     hi = order[-1]
     rows = []
-    for v, (label, _, _) in VERSION_STYLE.items():
+    for v in VERSION_STYLE:
         s = d["versions"][v]
         c = s["collectives"]
-        rows.append([label, s["sharding"], f"{c['all_gather']} / {c['reduce_scatter']} / {c['all_reduce']}"]
-                    + [f"{mib(s['peak_active_bytes'][k]):.0f} ({mib(s['max_parked_bytes'][k]):.0f})" for k in order]
+        rows.append([TABLE_LABELS[v], s["sharding"].replace("FSDP2 (per-parameter)", "per-parameter"),
+                     f"{c['all_gather']} / {c['reduce_scatter']} / {c['all_reduce']}"]
+                    + [f"{mib(s['peak_active_bytes'][k]):.0f}" for k in order]
                     + [f"{s['host_ms'][hi]:.0f} / {s['wall_ms'][hi]:.0f}"])
     if "program" in d:
-        for s, (label, _, _) in PROGRAM_STYLE.items():
-            rows.append([label, "", ""] + [f"{mib(d['program'][s]['peak_active_bytes'][k]):.0f}" for k in order]
-                        + [""])
-    caption = (f"peak active MiB above the step's start (MiB parked on record_stream events), medians of "
-               f"{d['repeats']} runs;\ncollectives: all-gathers / reduce-scatters / all-reduces in one step; "
-               f"host / wall: ms the host took to enqueue the step,\nand until the GPU finished it, at the largest "
-               f"run-ahead. {d['layers']} layers × {mib(d['layer_bytes']):g} MiB, {GROUP_TITLE[d['group']]}.")
-    return Table(["version", "sharding", "collectives"] + [f"{_point_label(d['points'][k])} ms" for k in order]
-                 + ["host / wall (ms)"], rows, caption, right=[False, False, True] + [True] * (len(order) + 1))
+        for s in PROGRAM_STYLE:
+            rows.append([TABLE_LABELS[s], "", ""] + [f"{mib(d['program'][s]['peak_active_bytes'][k]):.0f}"
+                                                     for k in order] + [""])
+    caption = (f"peak active MiB above the step's start at GPU work / host delay per layer (ms), medians of "
+               f"{d['repeats']} runs; limit: limit_all_gathers;\ncollectives: all-gathers / reduce-scatters / "
+               f"all-reduces in one step; host / wall: ms the host took to enqueue the step, and until the GPU\n"
+               f"finished it, at the largest run-ahead; programs: this chapter's own, on buffers of one layer's "
+               f"parameters.\n{d['layers']} layers × {mib(d['layer_bytes']):g} MiB, {GROUP_TITLE[d['group']]}.")
+    return Table(["version", "sharding", "collectives"] + [_point_label(d["points"][k]) for k in order]
+                 + ["host / wall"], rows, caption, right=[False, False, True] + [True] * (len(order) + 1))
 
 
 def fsdp_streams_table(result: Result) -> Table:
