@@ -275,6 +275,13 @@ def test_a_failed_run_raises_for_its_request_and_is_not_kept(recorded_mode, monk
     assert F._kept, "the runs that worked are kept"
 
 
+def _nccl_available() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_nccl_available()
+
+
+@pytest.mark.skipif(_nccl_available(), reason="this torch has NCCL: the group would start (the GPU tests run it)")
 def test_where_the_process_group_cannot_start_the_page_falls_back_with_one_line(recorded_mode, monkeypatch, capsys):
     """For real: this machine's torch has no NCCL, so the worker's init_process_group fails in a
     fresh process; the page gets the recording and one line, and its kernel carries on."""
@@ -288,8 +295,25 @@ def test_where_the_process_group_cannot_start_the_page_falls_back_with_one_line(
     assert len(out) == 1 and "did not start" in out[0] and "recording" in out[0], out
     assert r.recorded and r["group"] == "nccl"
     assert streams.fsdp_mode() == "recorded"
-    again = streams.fsdp_run("streams.fsdp_step", group="fake", version="fsdp1_nolimit")
+    again = streams.fsdp_run("streams.fsdp_step")
     assert again.recorded and capsys.readouterr().out == "", "the line is said once"
+
+
+def test_a_group_that_does_not_start_falls_back_alone(recorded_mode, monkeypatch, capsys):
+    """NCCL starts, the fake group does not (a torch without it): the NCCL runs stay live."""
+    import experiments.core.registry as reg
+
+    monkeypatch.setattr(reg, "require_cuda", lambda *a, **k: None)
+    monkeypatch.setattr(reg, "collect_provenance", lambda: ex.run("streams.fsdp_runahead", mode="recorded").provenance)
+    monkeypatch.setenv("CUDA_MEMLAB_MODE", "live")
+    w = FakeWorker(fail_group="fake")
+    _live(monkeypatch, w)
+    assert not streams.fsdp_run("streams.fsdp_runahead").recorded
+    assert streams.fsdp_mode() is None and capsys.readouterr().out == ""
+    fake = streams.fsdp_run("streams.fsdp_runahead", group="fake")
+    assert fake.recorded and "did not start" in capsys.readouterr().out
+    assert streams.fsdp_mode() == "recorded"
+    assert not streams.fsdp_run("streams.fsdp_step").recorded, "NCCL's runs stay live"
 
 
 # ================================================================ the lab GPU's recordings

@@ -28,6 +28,7 @@ from ..core import store
 from ..core.claims import claim
 from ..core.device import check_fits
 from ..core.registry import Param, Result, experiment, resolve_mode, run
+from ..core.registry import get as registry_get
 from ..core.runner import run_fresh
 from ..core.units import mib_figure
 from .fsdp_gpu import GROUPS, LAYER_HIDDEN, VERSIONS
@@ -367,7 +368,7 @@ def fsdp_step(version: str = "fsdp2", group: str = "nccl", gpu_ms: float = 10.0,
 
 # ------------------------------------------------------------------ the page's fallback
 
-_unavailable: list[str] = []
+_unavailable: dict[str, str] = {}   # process group -> why it did not start in this kernel
 
 
 def fsdp_run(exp_id: str, **params: Any) -> Result:
@@ -382,19 +383,22 @@ def fsdp_run(exp_id: str, **params: Any) -> Result:
     """
     if exp_id not in ("streams.fsdp_runahead", "streams.fsdp_step"):
         raise ValueError(f"exp_id must be 'streams.fsdp_runahead' or 'streams.fsdp_step', got {exp_id!r}")
-    if resolve_mode() == "live" and not _unavailable:
+    group = registry_get(exp_id).complete(params)["group"]
+    if resolve_mode() == "live" and group not in _unavailable:
         try:
             return run(exp_id, cache=True, **params)
         except ProcessGroupUnavailable as e:
-            _unavailable.append(str(e))
-            print(f"FSDP's process group did not start on this machine ({str(e).splitlines()[0][:160]}); "
-                  "this section shows the lab GPU's recording instead.")
+            said = bool(_unavailable)
+            _unavailable[group] = str(e)
+            if not said:
+                print(f"FSDP's process group did not start on this machine ({str(e).splitlines()[0][:160]}); "
+                      "this section shows the lab GPU's recording instead.")
     return run(exp_id, mode="recorded", **params)
 
 
 def fsdp_mode() -> str | None:
-    """'recorded' once FSDP's process group failed to start in this kernel (for ``ex.panel``'s
-    ``mode``), else None (the page's mode)."""
+    """'recorded' once a FSDP process group failed to start in this kernel (for ``ex.panel``'s
+    ``mode``: its controls then offer the recorded points), else None (the page's mode)."""
     return "recorded" if _unavailable else None
 
 
