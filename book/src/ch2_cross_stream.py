@@ -691,18 +691,25 @@ streams.plot_fsdp_step(fsdp1_step)
 # `record_stream` deferred gets its `free_completed` entry only later.
 #
 # The allocator doctor ([chapter 1](ch1_caching_allocator.ipynb)) replays such a snapshot
-# request by request. Beside the GPU's own counters:
+# request by request: the model's construction, two warm-up steps, then the measured step
+# (shaded). The lines are the doctor's reserved and allocated bytes. The markers are the
+# GPU's own counters, read at three marks while the program ran, and the dotted lines are
+# the GPU's peak counters:
 
 # %%
 from experiments import doctor
 
 replays = [(step, doctor.replay(doctor.read(step["snapshot"]))) for step in (fsdp2_step, fsdp1_step)]
+streams.plot_fsdp_replay(replays)
+
+# %% [markdown]
+# Both replays match the trace event by event, deferred frees included: the lines meet
+# every marker and reach the dotted peaks. To the byte, at each mark and at the peaks:
+
+# %%
 streams.fsdp_replay_table(replays)
 
 # %% [markdown]
-# Both replays match the trace event by event, deferred frees included, and the doctor's
-# counters equal the GPU's at every mark.
-#
 # Try other settings: the version, the process group, the GPU work and host delay per layer,
 # and `reshard_after_forward` (for FSDP1: `FULL_SHARD`, or `SHARD_GRAD_OP` when off). On your
 # own GPU you can also change the number of layers and their size. The recording has the

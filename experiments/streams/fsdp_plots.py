@@ -119,11 +119,96 @@ def plot_fsdp_step(result: Result) -> Any:
             last = x
     axes[-1].set_xlabel("host time of the allocator call (ms after the step began)")
     axes[-1].set_xlim(0, edges[-1])
-    fig.suptitle(f"{_version(d)}, {GROUP_TITLE[d['group']]}: {d['gpu_ms']:g} ms GPU / {d['host_delay_ms']:g} ms "
-                 f"host per layer\npeak active +{mib(d['peak_active_bytes']):.0f} MiB, at most "
+    # one line for what ran, one for what it did: a long first line would wrap mid-phrase
+    fig.suptitle(f"{_version(d)}, {GROUP_SHORT[d['group']]}\n{d['gpu_ms']:g} ms GPU / {d['host_delay_ms']:g} ms "
+                 f"host per layer: peak active +{mib(d['peak_active_bytes']):.0f} MiB, at most "
                  f"{mib(d['max_parked_bytes']):.0f} MiB parked", fontsize=pick(10, 9))
     legend_below(axes[-1], fontsize=8, ncol=2)
     return stamp(fig, result)
+
+
+MARK_LABELS = {"built": "built", "warm": "warmed up", "step": "after step"}
+
+
+def _mark_requests(result: Result) -> list[int]:
+    """Where each of the step's marks falls in the doctor's series: the series' length when
+    the replay stops at the mark's trace entry, i.e. the index of the first request after the
+    mark (the series' last point, the state at the trace's end, for a mark that ends it)."""
+    from ..doctor import read, replay   # the doctor's face, as a reader would call it
+
+    trace = read(result["snapshot"])
+    return [len(replay(trace, stop_at=ph["trace_index"]).allocated) for ph in result["phases"]]
+
+
+@figure_function
+def plot_fsdp_replay(pairs: Sequence[tuple[Result, Any]]) -> Any:
+    """The doctor's replay of each step's snapshot drawn beside the GPU's own counters, one
+    panel per run.
+
+    Args:
+        pairs: (``streams.fsdp_step`` result, the doctor's ``Run`` of its snapshot), as for
+            :func:`fsdp_replay_table`; the Run must keep its series (``replay``'s default).
+
+    Lines: the doctor's reserved and allocated bytes after every allocator request of the trace
+    (MiB; model built, two warm-up steps, the measured step, which is shaded). Markers: the
+    GPU's ``memory_stats`` counters read at the three marks, placed at the first request after
+    each mark (an ``empty_cache`` just before a mark shows there); dotted lines: the GPU's peak counters over the trace. Where the replay
+    is exact the lines run through the markers and touch the dotted lines.
+
+    Raises:
+        ValueError: no pairs, or a Run without its series.
+    """
+    if not pairs:
+        raise ValueError("pairs must hold at least one (result, run) pair, got none")
+    for _, run in pairs:
+        if len(run.allocated) == 0:
+            raise ValueError("each run must keep its series: replay(..., series=True)")
+    n = len(pairs)
+    fig, axes = new_figure(1, n, width=5.2 * n, height=3.8, squeeze=False, narrow_height=3.4 * n)
+    axes = list(axes[0])
+    res_color, alloc_color = PALETTE[0], PALETTE[1]
+    for ax, (result, run) in zip(axes, pairs):
+        d = result.data
+        step = max(1, len(run.reserved) // 4000)
+        xs = range(0, len(run.reserved), step)
+        ax.plot(xs, [mib(run.reserved[i]) for i in xs], color=res_color, lw=1.4, label="doctor: reserved")
+        ax.plot(xs, [mib(run.allocated[i]) for i in xs], color=alloc_color, lw=1.1, ls="--",
+                label="doctor: allocated")
+        at = [min(k, len(run.reserved) - 1) for k in _mark_requests(result)]
+        ax.scatter(at, [mib(ph["reserved_bytes.all.current"]) for ph in d["phases"]], s=55, marker="o",
+                   facecolors="none", edgecolors="black", linewidths=1.3, zorder=3, clip_on=False,
+                   label="GPU: reserved at a mark")
+        ax.scatter(at, [mib(ph["allocated_bytes.all.current"]) for ph in d["phases"]], s=45, marker="s",
+                   facecolors="none", edgecolors=GRAY, linewidths=1.3, zorder=3, clip_on=False,
+                   label="GPU: allocated at a mark")
+        ax.axhline(mib(max(ph["reserved_bytes.all.peak"] for ph in d["phases"])), color=res_color, ls=":", lw=1,
+                   label="GPU: peak reserved")
+        ax.axhline(mib(max(ph["allocated_bytes.all.peak"] for ph in d["phases"])), color=alloc_color, ls=":",
+                   lw=1, label="GPU: peak allocated")
+        phases = {ph["phase"]: x for ph, x in zip(d["phases"], at)}
+        if "warm" in phases and "step" in phases:
+            ax.axvspan(phases["warm"], phases["step"], color=GRAY, alpha=0.08, linewidth=0)
+        for x in at:
+            ax.axvline(x, color=GRAY, ls="--", lw=0.7, zorder=1)
+        # the marks' names on a top axis: inside the panel they would cover the curves or the markers
+        top = ax.secondary_xaxis("top")
+        top.set_xticks(at, labels=[MARK_LABELS.get(ph["phase"], ph["phase"]) for ph in d["phases"]])
+        top.tick_params(labelsize=MIN_FONT_PT, colors="#555555", length=3)
+        labels = top.get_xticklabels()
+        for t in labels[1:-1]:   # the later marks stand close: each name leans away from the next
+            t.set_horizontalalignment("right")
+        if len(labels) > 1:
+            labels[-1].set_horizontalalignment("left")
+        ax.set_ylim(bottom=0, top=ax.get_ylim()[1] * 1.12)
+        ax.set_xlim(0, max(len(run.reserved) - 1, 1) * 1.03)
+        verdict = "replays exactly" if run.matches_trace else "replay differs"
+        ax.set_title(f"{_version(d)}, {GROUP_SHORT[d['group']]}: {verdict}", fontsize=pick(9, 8), loc="left")
+        ax.set_xlabel("allocator request, in trace order")
+        ax.set_ylabel("MiB")
+    legend_below(axes[-1] if is_narrow() else axes[0], fontsize=8, ncol=pick(3, 2))
+    fig.suptitle("The doctor's replay (lines) beside the GPU's counters (markers, dotted peaks)",
+                 fontsize=pick(10, 9))
+    return stamp(fig, [r for r, _ in pairs])
 
 
 def _version(d: dict[str, Any]) -> str:
@@ -159,11 +244,16 @@ def fsdp_runahead_table(result: Result) -> Table:
         for s in PROGRAM_STYLE:
             rows.append([TABLE_LABELS[s], "", ""] + [f"{mib(d['program'][s]['peak_active_bytes'][k]):.0f}"
                                                      for k in order] + [""])
-    caption = (f"peak active MiB above the step's start at GPU work / host delay per layer (ms), medians of "
-               f"{d['repeats']} runs; limit: limit_all_gathers;\ncollectives: all-gathers / reduce-scatters / "
-               f"all-reduces in one step; host / wall: ms the host took to enqueue the step, and until the GPU\n"
-               f"finished it, at the largest run-ahead; programs: this chapter's own, on buffers of one layer's "
-               f"parameters.\n{d['layers']} layers × {mib(d['layer_bytes']):g} MiB, {GROUP_TITLE[d['group']]}.")
+    # one item a line: the page wraps each line to the table's width, never inside a phrase
+    lines = [f"{d['layers']} layers × {mib(d['layer_bytes']):g} MiB, {GROUP_TITLE[d['group']]}.",
+             f"Middle columns: peak active MiB above the step's start, at GPU work / host delay per layer (ms); "
+             f"medians of {d['repeats']} runs.",
+             "limit: limit_all_gathers. collectives: all-gathers / reduce-scatters / all-reduces in one step.",
+             "host / wall: ms until the host had enqueued the step, and until the GPU finished it, at the largest "
+             "run-ahead."]
+    if "program" in d:
+        lines.append("programs: this chapter's own, on buffers of one layer's parameters.")
+    caption = "\n".join(lines)
     return Table(["version", "sharding", "collectives"] + [_point_label(d["points"][k]) for k in order]
                  + ["host / wall"], rows, caption, right=[False, False, True] + [True] * (len(order) + 1))
 
@@ -177,8 +267,8 @@ def fsdp_streams_table(result: Result) -> Table:
         u = d["streams"][s]
         rows.append([s, u["allocs"], f"{mib(u['alloc_bytes']):.0f}", u["max_blocks"], f"{mib(u['max_bytes']):.0f}",
                      u["deferred_frees"], u["max_parked_blocks"], f"{mib(u['max_parked_bytes']):.0f}"])
-    caption = (f"{_version(d)}, {GROUP_TITLE[d['group']]}. Streams are named after FSDP's own stream objects;\n"
-               "in flight: allocated, or freed and parked; parked: freed by Python, held back by record_stream "
+    caption = (f"{_version(d)}, {GROUP_TITLE[d['group']]}. Streams are named after FSDP's own stream objects.\n"
+               "in flight: allocated, or freed and parked. parked: freed by Python, held back by record_stream "
                "events.")
     return Table(["stream", "allocs", "MiB", "blocks in flight", "MiB in flight", "deferred frees",
                   "blocks parked", "MiB parked"], rows, caption, right=[False] + [True] * 7)
@@ -211,8 +301,8 @@ def fsdp_replay_table(pairs: Sequence[tuple[Result, Any]]) -> Table:
                      "yes" if run.matches_trace else f"no: {run.first_mismatch}",
                      f"{equal} of {len(d['phases'])}", f"{mib(gpu_res):.0f} / {mib(run.peak_reserved_bytes):.0f}",
                      f"{mib(gpu_alloc):.0f} / {mib(run.peak_allocated_bytes):.0f}"])
-    caption = ("marks: the GPU's allocated and reserved bytes after the model was built, after warm-up, after the "
-               "measured step,\nagainst the doctor's at the same trace entries. Peaks over the whole trace, MiB: "
-               "GPU / doctor.")
+    caption = ("marks equal: the GPU's allocated and reserved bytes after the model was built, after warm-up and "
+               "after the measured step, against the doctor's at the same trace entries.\n"
+               "peak reserved, peak allocated: over the whole trace, MiB, GPU / doctor.")
     return Table(["run", "replays exactly", "marks equal", "peak reserved", "peak allocated"], rows, caption,
                  right=[False, False, False, True, True])
