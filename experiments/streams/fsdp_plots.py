@@ -297,7 +297,9 @@ def fsdp_replay_table(pairs: Sequence[tuple[Result, Any]]) -> Table:
             equal += marks.get(i) == (ph["allocated_bytes.all.current"], ph["reserved_bytes.all.current"])
         gpu_res = max(ph["reserved_bytes.all.peak"] for ph in d["phases"])
         gpu_alloc = max(ph["allocated_bytes.all.peak"] for ph in d["phases"])
-        rows.append([f"{_version(d)}, {GROUP_SHORT[d['group']]}",
+        label = TABLE_LABELS[d["version"]] + (f", {d['sharding']}" if d["version"] != "fsdp2" else
+                                              "" if d["reshard_after_forward"] else ", no reshard")
+        rows.append([f"{label}, {GROUP_SHORT[d['group']]}",
                      "yes" if run.matches_trace else f"no: {run.first_mismatch}",
                      f"{equal} of {len(d['phases'])}", f"{mib(gpu_res):.0f} / {mib(run.peak_reserved_bytes):.0f}",
                      f"{mib(gpu_alloc):.0f} / {mib(run.peak_allocated_bytes):.0f}"])
