@@ -399,6 +399,7 @@ def test_replay_figure_puts_the_gpus_counters_on_the_doctors_lines(recorded_mode
         assert xs == sorted(xs) and xs[-1] == len(reserved) - 1   # the last mark ends the trace
         for (x, y) in at:
             assert reserved[int(x)] == y, (result.params, x, y)
+        assert "replays exactly" in [t.get_text() for t in ax.texts] and run.matches_trace
         top = ax.child_axes[0]   # the marks' names
         assert [t.get_text() for t in top.get_xticklabels()] == ["built", "warmed up", "after step"]
     narrow = redraw(fig, narrow_layout=True)

@@ -194,15 +194,19 @@ def plot_fsdp_replay(pairs: Sequence[tuple[Result, Any]]) -> Any:
         top = ax.secondary_xaxis("top")
         top.set_xticks(at, labels=[MARK_LABELS.get(ph["phase"], ph["phase"]) for ph in d["phases"]])
         top.tick_params(labelsize=MIN_FONT_PT, colors="#555555", length=3)
+        # each name ends at its mark, the first starts there: the later marks stand close, and a
+        # name past either end of the axis would widen the figure and shrink its text on the page
         labels = top.get_xticklabels()
-        for t in labels[1:-1]:   # the later marks stand close: each name leans away from the next
-            t.set_horizontalalignment("right")
-        if len(labels) > 1:
-            labels[-1].set_horizontalalignment("left")
+        for k, t in enumerate(labels):
+            t.set_horizontalalignment("left" if k == 0 else "right")
         ax.set_ylim(bottom=0, top=ax.get_ylim()[1] * 1.12)
         ax.set_xlim(0, max(len(run.reserved) - 1, 1) * 1.03)
-        verdict = "replays exactly" if run.matches_trace else "replay differs"
-        ax.set_title(f"{_version(d)}, {GROUP_SHORT[d['group']]}: {verdict}", fontsize=pick(9, 8), loc="left")
+        verdict = "replays exactly" if run.matches_trace else \
+            f"replay differs at event {(run.first_mismatch or {}).get('event_index', '?')}"
+        # two short lines: a panel is a third of the page's column wide
+        ax.set_title(f"{_short_version(d)}\n{GROUP_SHORT[d['group']]}", fontsize=pick(9, 8), loc="left")
+        ax.text(0.98, 0.04, verdict, transform=ax.transAxes, ha="right", va="bottom", fontsize=MIN_FONT_PT + 1,
+                color="#1f6b35" if run.matches_trace else PALETTE[3])
         ax.set_xlabel("allocator request, in trace order")
         ax.set_ylabel("MiB")
     legend_below(axes[-1] if is_narrow() else axes[0], fontsize=8, ncol=pick(3, 2))
@@ -222,6 +226,19 @@ def _version(d: dict[str, Any]) -> str:
 
 TABLE_LABELS = {"fsdp2": "FSDP2", "fsdp1": "FSDP1, limit on", "fsdp1_nolimit": "FSDP1, limit off",
                 "record_stream": "record_stream program", "event": "event handoff program"}
+
+
+def _short_version(d: dict[str, Any]) -> str:
+    """A step's version in a few words: 'FSDP1, limit off, FULL_SHARD', 'FSDP2, no reshard'."""
+    label = TABLE_LABELS[d["version"]]
+    if d["version"] != "fsdp2":
+        return f"{label}, {d['sharding']}"
+    return label + ("" if d["reshard_after_forward"] else ", no reshard")
+
+
+def _short(d: dict[str, Any]) -> str:
+    """A step's run in a few words: 'FSDP1, limit off, FULL_SHARD, fake group, 2 ranks'."""
+    return f"{_short_version(d)}, {GROUP_SHORT[d['group']]}"
 
 
 def fsdp_runahead_table(result: Result) -> Table:
@@ -297,9 +314,7 @@ def fsdp_replay_table(pairs: Sequence[tuple[Result, Any]]) -> Table:
             equal += marks.get(i) == (ph["allocated_bytes.all.current"], ph["reserved_bytes.all.current"])
         gpu_res = max(ph["reserved_bytes.all.peak"] for ph in d["phases"])
         gpu_alloc = max(ph["allocated_bytes.all.peak"] for ph in d["phases"])
-        label = TABLE_LABELS[d["version"]] + (f", {d['sharding']}" if d["version"] != "fsdp2" else
-                                              "" if d["reshard_after_forward"] else ", no reshard")
-        rows.append([f"{label}, {GROUP_SHORT[d['group']]}",
+        rows.append([_short(d),
                      "yes" if run.matches_trace else f"no: {run.first_mismatch}",
                      f"{equal} of {len(d['phases'])}", f"{mib(gpu_res):.0f} / {mib(run.peak_reserved_bytes):.0f}",
                      f"{mib(gpu_alloc):.0f} / {mib(run.peak_allocated_bytes):.0f}"])
