@@ -1,4 +1,4 @@
-"""The page "Check your own snapshot" (issue 18): bytes shipped, page weights, and speed in chromium.
+"""The page "Check your own snapshot": bytes shipped, page weights, and speed in chromium.
 
 Prints, for a built book (``make book`` writes _build/html):
 

@@ -1,4 +1,4 @@
-"""Page weight of the built book (issue 19): bytes a cold first load of each page fetches.
+"""Page weight of the built book: bytes a cold first load of each page fetches.
 
 Serves a built site on 127.0.0.1, opens every page in a fresh browser context (empty cache)
 at 1280x900 and 390x844, waits for the load event and for the network to go quiet, and

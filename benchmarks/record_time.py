@@ -1,5 +1,5 @@
-"""How long `python -m experiments record` takes on this GPU, experiment by experiment (issue 17,
-item 7: every chapter recorded in <= 180 s on the lab H200).
+"""How long `python -m experiments record` takes on this GPU, experiment by experiment (the
+budget: every chapter recorded in <= 180 s on the lab H200).
 
 Runs ``record``'s set (every experiment except those on a budget of their own, as the command
 does) in one process, one experiment at a time, into a scratch folder (the package's recordings

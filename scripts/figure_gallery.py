@@ -1,4 +1,4 @@
-"""Every figure the book's pages draw, in both layouts, as PNG files to look at (issue 19).
+"""Every figure the book's pages draw, in both layouts, as PNG files to look at.
 
 Runs the code cells of book/src/PAGE.py in an IPython shell the way the static book build
 does (recorded mode, CUDA_MEMLAB_STATIC=1), and writes each figure it shows, static or in

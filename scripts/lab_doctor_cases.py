@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from experiments.allocator.doctor_cases import CASES, FRAMES  # noqa: E402
+from experiments.doctor.lab.cases import CASES, FRAMES  # noqa: E402
 from experiments.core.runner import run_fresh  # noqa: E402
 
 
@@ -38,7 +38,7 @@ def main() -> int:
         case, setting = job
         t0 = time.time()
         pickle_path = str(out / "pickles" / f"{case}.pickle.gz") if setting == "" else None
-        r = run_fresh("experiments.allocator.doctor_cases:case_worker",
+        r = run_fresh("experiments.doctor.lab.cases:case_worker",
                       {"case": case, "frames": case in FRAMES, "pickle_path": pickle_path},
                       alloc_conf_settings=setting or None, timeout_s=420)
         dt = time.time() - t0

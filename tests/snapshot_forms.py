@@ -7,7 +7,7 @@ their blocks, one trace per device, ``allocator_settings``, ``external_annotatio
 """
 from __future__ import annotations
 
-from experiments.doctor.trace import read
+from experiments.doctor.reading.trace import read
 
 ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
            "segment_unmap", "snapshot", "oom")

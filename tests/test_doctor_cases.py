@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from experiments.allocator import doctor_cases
+from experiments.doctor.lab import cases as doctor_cases
 
 
 def test_recording_runs_each_setting_in_a_fresh_process_several_at_once(monkeypatch, tmp_path):
@@ -51,7 +51,7 @@ def test_recording_runs_each_setting_in_a_fresh_process_several_at_once(monkeypa
     assert [r["settings"] for r in out["runs"]] == list(settings) and len(settings) == 5
     assert out["cap_bytes"] == 1536 * 2**20 and out["case"] == "capped_training"
     assert sorted(c[2] for c in calls) == sorted(settings)
-    assert {c[0] for c in calls} == {"experiments.allocator.doctor_cases:case_worker"}
+    assert {c[0] for c in calls} == {"experiments.doctor.lab.cases:case_worker"}
     assert [c[3] for c in calls if c[2] == ""] == [str(tmp_path / "capped_training.pickle.gz")]
     assert [c[3] for c in calls if c[2]] == [None] * 4
     assert most[0] > 1, "the settings ran one after the other"
@@ -85,11 +85,10 @@ import json  # noqa: E402
 from functools import lru_cache  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from experiments.doctor.replay import replay  # noqa: E402
-from experiments.doctor.rules import AllocatorConfig  # noqa: E402
-from experiments.doctor.run import R_ALLOC, R_FREE_DONE, R_FREE_REQ  # noqa: E402
-from experiments.doctor.trace import read  # noqa: E402
-from experiments.doctor.whatif import what_if  # noqa: E402
+from experiments.doctor.replaying.replay import replay  # noqa: E402
+from experiments.doctor.replaying.requests import R_ALLOC, R_FREE_DONE, R_FREE_REQ  # noqa: E402
+from experiments.doctor.reading.trace import read  # noqa: E402
+from experiments.doctor.answers.whatif import WhatIf, what_if  # noqa: E402
 
 RECORDED = Path(__file__).resolve().parent.parent / "experiments" / "recorded" / "alloc.doctor_cases" / "nvidia-h200.json"
 DOC = json.loads(RECORDED.read_text())
@@ -199,7 +198,7 @@ def test_what_if_equals_the_gpus_run_under_that_setting_or_stays_within_its_boun
     if _program(base) != _program(_replayed(*key)[1]):
         assert key in INCOMPARABLE, "the GPU's runs made different requests: not a what-if of this program"
         return
-    w, _ = what_if(base, AllocatorConfig.from_settings(setting), setting, cap_bytes=base_trace.cap_bytes,
+    w, _ = what_if(base, WhatIf.parse(setting), cap_bytes=base_trace.cap_bytes,
                    total_memory=base_trace.total_memory)
     gpu = _run(*key)["final"]
     peak, final, ooms = gpu["reserved_bytes.all.peak"], gpu["reserved_bytes.all.current"], gpu["num_ooms"]
@@ -223,7 +222,7 @@ def test_most_what_ifs_are_exact_and_every_inexact_one_is_for_a_stated_reason():
         if _program(_replayed(case, "")[1]) != _program(_replayed(case, setting)[1]):
             continue
         base_trace, base = _replayed(case, "")
-        w, _ = what_if(base, AllocatorConfig.from_settings(setting), setting, cap_bytes=base_trace.cap_bytes,
+        w, _ = what_if(base, WhatIf.parse(setting), cap_bytes=base_trace.cap_bytes,
                        total_memory=base_trace.total_memory)
         gpu = _run(case, setting)["final"]
         same = (w.peak_reserved_bytes, w.final_reserved_bytes, w.oom_events) == (
@@ -251,7 +250,7 @@ def test_what_if_given_the_gpus_own_completion_points_is_exact(key):
     timed = copy.copy(base)
     timed.requests = [(r[0], r[1], r[2], r[3], pools[r[1]]) if r[0] == R_ALLOC else r for r in other.requests]
     moved = sum(1 for a, b in zip(base.requests, other.requests) if a != b and R_FREE_DONE in (a[0], b[0]))
-    w, _ = what_if(timed, AllocatorConfig.from_settings(setting), setting, cap_bytes=base_trace.cap_bytes,
+    w, _ = what_if(timed, WhatIf.parse(setting), cap_bytes=base_trace.cap_bytes,
                    total_memory=base_trace.total_memory)
     gpu = _run(*key)["final"]
     assert (w.peak_reserved_bytes, w.final_reserved_bytes, w.oom_events) == (
@@ -274,15 +273,37 @@ def test_the_earlier_recordings_stay_exact():
 def test_live_record_stream_pages_case_replays_exactly_on_this_gpu(setting):
     """prefetch_pages (buffers that fill expandable pages, freed while their record_stream
     events are pending) run live in a fresh process: the doctor replays it exactly, and its
-    expandable what-if from the default run runs (the crash of issue 17)."""
+    expandable what-if from the default run runs (an earlier engine crashed on it)."""
     from experiments.core.runner import run_fresh
 
-    value = run_fresh("experiments.allocator.doctor_cases:case_worker", {"case": "prefetch_pages"},
+    value = run_fresh("experiments.doctor.lab.cases:case_worker", {"case": "prefetch_pages"},
                       alloc_conf_settings=setting or None, timeout_s=300).unwrap()
     trace = read(value)
     run = replay(trace)
     assert run.matches_trace, run.first_mismatch
     assert run.final_reserved_bytes == value["final"]["reserved_bytes.all.current"]
-    w, _ = what_if(run, AllocatorConfig.from_settings("expandable_segments:True"), "expandable_segments:True",
+    w, _ = what_if(run, WhatIf.parse("expandable_segments:True"),
                    total_memory=trace.total_memory)
     assert w.peak_reserved_bytes >= run.final_reserved_bytes
+
+
+@pytest.mark.gpu
+def test_a_capped_case_records_as_the_lab_did_and_writes_its_pickle(tmp_path):
+    """The lab's capped program (cap_two_streams, 1 GiB) run live in a fresh process, as
+    ``record --experiment alloc.doctor_cases`` runs it: the cap the allocator enforced is the
+    recording's (the same fraction of the same GPU), the replay is exact, the GPU's counters agree,
+    and the raw snapshot is written whole (gzip'd pickle the doctor reads)."""
+    from experiments.core.runner import run_fresh
+
+    path = tmp_path / "cap_two_streams.pickle.gz"
+    value = run_fresh("experiments.doctor.lab.cases:case_worker",
+                      {"case": "cap_two_streams", "frames": True, "pickle_path": str(path)}, timeout_s=300).unwrap()
+    recorded = _run("cap_two_streams", "")
+    if value["device_total_bytes"] == recorded["device_total_bytes"]:
+        assert value["snapshot"]["memory_cap_bytes"] == recorded["snapshot"]["memory_cap_bytes"]
+    assert value["snapshot"]["memory_cap_bytes"] <= doctor_cases.CASES["cap_two_streams"][0]
+    run = replay(read(value))
+    assert run.matches_trace, run.first_mismatch
+    assert (run.final_reserved_bytes, run.oom_events) == (value["final"]["reserved_bytes.all.current"],
+                                                          value["final"]["num_ooms"])
+    assert replay(read(str(path))).matches_trace and not list(tmp_path.glob(".*.tmp"))

@@ -2,19 +2,19 @@
 
 Each test builds its requests or its trace by hand from the rules (experiments/doctor/RULES.md
 §A-§D and the C++ functions named in each), never from the engine's own output. The tests that
-guard a defect of the engine before issue 17 say what it did (they failed there).
+guard a defect of an earlier engine say what it did (they failed there).
 """
 from __future__ import annotations
 
 import pytest
 
-from experiments.doctor import engine as engine_module
-from experiments.doctor import rules
-from experiments.doctor.engine import Engine, EngineOutOfMemory
-from experiments.doctor.replay import replay
-from experiments.doctor.rules import AllocatorConfig
-from experiments.doctor.trace import read
-from experiments.doctor.whatif import what_if
+from experiments.doctor.model import engine as engine_module
+from experiments.doctor.model import rules
+from experiments.doctor.model.engine import Engine, EngineOutOfMemory
+from experiments.doctor.replaying.replay import replay
+from experiments.doctor.model.rules import AllocatorConfig
+from experiments.doctor.reading.trace import read
+from experiments.doctor.answers.whatif import WhatIf, what_if
 
 MiB = 2**20
 EXPANDABLE = AllocatorConfig(expandable_segments=True)
@@ -34,13 +34,13 @@ def _snapshot(events, segments=(), settings="", cap=None, **parsed):
             "device_total_bytes": 150_109_880_320}
 
 
-# ----------------------------------------------------------------------------- issue 17's crash
+# ----------------------------------------------------------------------------- a pending block is no room
 
 def test_a_block_waiting_on_record_stream_events_is_no_room_for_an_expandable_segment():
     """find_expandable_block counts only blocks that are free with no outstanding event
     (``event_count == 0``): a 20 MiB block freed after record_stream, whose events are not done,
     ends exactly where the mapped memory ends; the next 13 MiB request on its stream maps a new
-    page after it. (The engine before issue 17 took the pending block as the room and crashed:
+    page after it. (An earlier engine took the pending block as the room and crashed:
     IndexError in _FreeList.remove.)"""
     eng = Engine(EXPANDABLE)
     a = eng.malloc(20 * MiB, stream=7)           # one 20 MiB page, no free tail
@@ -70,7 +70,7 @@ def test_a_record_stream_trace_replays_and_its_expandable_what_if_runs():
             (base + 60 * MiB, 14 * MiB, s, (0, 0), [(base + 60 * MiB, 14 * MiB, "inactive")])]
     run = replay(read(_snapshot(ev, segs)))
     assert run.matches_trace, run.first_mismatch
-    w, _ = what_if(run, EXPANDABLE, "expandable_segments:True")
+    w, _ = what_if(run, WhatIf("expandable_segments:True", EXPANDABLE))
     # pages: 20 MiB, then 40 more (the first block pending), then 20 more for 13 MiB (both pending)
     assert w.peak_reserved_bytes == 80 * MiB and w.final_reserved_bytes == 80 * MiB
     assert not w.exact and w.uncertain == ["record_stream completion timing"]
@@ -114,7 +114,7 @@ def test_garbage_collection_releases_the_blocks_at_least_as_old_as_the_average()
 
 def test_a_trace_whose_segments_the_garbage_collector_released_replays_exactly():
     """The same sequence as a trace: the release before the new segment is the collector's, not
-    an empty_cache (the replay before issue 17 saw that the cap would not have refused the
+    an empty_cache (an earlier replay saw that the cap would not have refused the
     segment, inferred an empty_cache, which releases the 30 MiB segment too, and stopped)."""
     s1, s2, s3 = 0x7F0000000000, 0x7F0002000000, 0x7F0008000000
     ev = [("segment_alloc", s1, 30 * MiB, 0), ("alloc", s1, 30 * MiB, 0),
@@ -177,7 +177,7 @@ def test_a_block_restored_from_a_pool_checkpoint_sits_where_the_checkpoint_held_
 
 def test_the_engine_splits_by_the_rule_the_chapter_teaches(monkeypatch):
     """rules.should_split is the one split rule: the chapter re-exports it and the engine calls
-    it for every block it hands out (before issue 17 the engine had a copy of its own)."""
+    it for every block it hands out (an earlier engine had a copy of its own)."""
     from experiments.allocator import model
 
     assert model.should_split is rules.should_split is engine_module.should_split

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from experiments.doctor.loader import Limits, SnapshotError, load
-from experiments.doctor.trace import read
-from experiments.doctor.unpickle import Reader
+from experiments.doctor.errors import SnapshotError
+from experiments.doctor.reading.loader import Limits, load
+from experiments.doctor.reading.trace import read
+from experiments.doctor.reading.unpickler import Reader
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDED = json.loads((ROOT / "experiments" / "recorded" / "alloc.doctor_snapshots" / "nvidia-h200.json").read_text())
@@ -98,7 +99,7 @@ def test_a_gzipped_pickle_and_its_replay(tmp_path):
     path.write_bytes(gzip.compress(pickle.dumps(torch_like(rec["snapshot"]), protocol=4)))
     t = read(str(path))
     assert t.skipped > 0 and t.stacks is not None
-    from experiments.doctor.replay import replay
+    from experiments.doctor.replaying.replay import replay
 
     run = replay(t)
     assert run.matches_trace, run.first_mismatch

@@ -128,9 +128,9 @@ def test_the_rules_file_ships_in_the_package():
 
 def test_the_engine_splits_by_the_one_split_rule(monkeypatch):
     """The split rule the tests check (rules.should_split) is the one the engine runs."""
-    import experiments.doctor.engine as engine_mod
+    import experiments.doctor.model.engine as engine_mod
     from experiments.allocator.model import request_anatomy
-    from experiments.doctor.rules import AllocatorConfig, MiB, should_split
+    from experiments.doctor.model.rules import AllocatorConfig, MiB, should_split
 
     calls = []
 

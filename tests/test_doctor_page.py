@@ -158,7 +158,7 @@ def test_a_snapshot_too_big_for_the_tab_is_sent_to_the_cli_and_a_bug_is_not_blam
     exception the doctor does not raise for bad input is a bug of ours, shown as such."""
     import os
 
-    from experiments.doctor import report as doctor_report
+    from experiments.doctor.answers import report as doctor_report
 
     worker = _ext("doctor_worker")
     (tmp_path / "s.json").write_text(json.dumps(SNAPSHOTS["streams"]))
@@ -221,6 +221,8 @@ def test_the_shipped_zip_runs_the_doctor_without_torch_numpy_or_matplotlib_and_h
     assert set(names) - {f"{m.replace('.', '/')}.py" for m in shipped} - {f"{m.replace('.', '/')}/__init__.py" for m in shipped} \
         == {"doctor_worker.py"}
     assert page.doctor_zip() == page.doctor_zip(), "the same sources must give the same zip (and file name)"
+    assert not [n for n in names if n.startswith("experiments/doctor/lab/")], "the doctor's GPU lab is never shipped"
+    assert "experiments/doctor/model/engine.py" in names and "experiments/doctor/answers/progress.py" in names
 
 
 def test_the_module_finder_leaves_out_what_needs_torch(tmp_path, monkeypatch):
@@ -503,7 +505,7 @@ def _zip_with_extra_sections() -> bytes:
     with zipfile.ZipFile(out, "w") as z:
         for name in src.namelist():
             data = src.read(name)
-            if name == "experiments/doctor/report.py":
+            if name == "experiments/doctor/answers/report.py":
                 data += (f"\n\n_page_test_to_json = Report.to_json\n"
                          f"Report.to_json = lambda self: {{**{EXTRA!r}, **_page_test_to_json(self)}}\n").encode()
             z.writestr(name, data)

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from experiments.doctor.engine import Engine, EngineOutOfMemory
-from experiments.doctor.report import JSON_FIELDS, doctor
-from experiments.doctor.rules import MiB, AllocatorConfig
+from experiments.doctor.model.engine import Engine, EngineOutOfMemory
+from experiments.doctor.answers.report import JSON_FIELDS, doctor
+from experiments.doctor.model.rules import MiB, AllocatorConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDED = json.loads((ROOT / "experiments" / "recorded" / "alloc.doctor_snapshots" / "nvidia-h200.json").read_text())
@@ -60,7 +60,7 @@ def test_suggest_says_which_line_to_use_and_why(training_suggestion):
 def test_the_grid_follows_the_trace():
     """Split sizes only below the largest segment (above it nothing changes); GC thresholds only
     under a cap, and only below the recorded peak (above it the collector never runs)."""
-    from experiments.doctor.suggest import singles
+    from experiments.doctor.answers.suggest import singles
 
     rep = doctor(RUNS[("cap", "")], workers=1, explain_oom=False)
     grid = singles(rep.replay, rep.cap_bytes)
@@ -203,7 +203,7 @@ def test_every_json_field_is_documented(tmp_path):
     for key in certainty | {"saved_range_bytes"}:
         assert re.search(rf"\b{key}\b", JSON_FIELDS), key
     for name in re.findall(r"\b([a-z]+(?:_[a-z]+)+)\b", JSON_FIELDS.split("\noom ", 1)[1].split("\nsuggestion")[0]):
-        if name in ("live_blocks", "live_block_count", "segment_bytes", "free_bytes", "requested_size"):
+        if name in ("live_blocks", "live_block_count", "segment_bytes", "free_bytes", "requested_size", "forward_frames"):
             continue
         assert name in doc["oom"], name
 
@@ -313,3 +313,64 @@ def test_without_the_cap_the_suggestion_claims_no_fewer_out_of_memory_errors():
     assert "out-of-memory errors instead of" not in text and "a cap the doctor does not know" in text
     if s["best"] is not None:
         assert s["best"]["saved_range_bytes"][0] > 0
+
+
+# ----------------------------------------------------------------------------- the progress hook
+
+def test_the_progress_hook_is_told_each_step_with_its_result_in_the_order_of_the_data_flow():
+    """doctor(progress=...) reports each step as it starts and ends, the finished ones with what
+    they made: the page shows the replay and the what-ifs before the grid is done."""
+    from experiments.doctor.answers.progress import STAGES, Step
+    from experiments.doctor.answers.report import Report
+    from experiments.doctor.reading.trace import Trace
+    from experiments.doctor.replaying.run import Run
+
+    steps: list[Step] = []
+    what_ifs = ["expandable_segments:True", "max_split_size_mb:64"]
+    rep = doctor(RUNS[("cap", "")], what_ifs, suggest=True, workers=1, progress=steps.append)
+    done = [s for s in steps if s.done]
+    assert [s.stage for s in done][:4] == ["read", "replay", "what_if", "what_if"]
+    assert [s.stage for s in done][-2:] == ["oom", "done"] and {s.stage for s in steps} == set(STAGES)
+    assert isinstance(done[0].result, Trace) and done[1].result is rep.replay and isinstance(done[1].result, Run)
+    assert [(s.index, s.count, s.settings) for s in done[2:4]] == [(0, 2, what_ifs[0]), (1, 2, what_ifs[1])]
+    assert [s.result for s in done[2:4]] == rep.what_ifs
+    report = next(s for s in done if s.stage == "report")
+    grid = [s for s in done if s.stage == "grid"]
+    # the report comes before the grid: its replay and what-ifs are final, the rest follows
+    assert done.index(report) < done.index(grid[0]) and report.result is rep and isinstance(rep, Report)
+    assert sorted(s.settings for s in grid) == sorted(r["settings"] for r in rep.suggestion["rows"])
+    assert [s.index for s in grid] == list(range(len(grid)))
+    # in one process every step but the report's and the end's is told when it starts, too
+    for s in done:
+        if s.stage not in ("report", "done"):
+            assert any(not t.done and (t.stage, t.index, t.settings) == (s.stage, s.index, s.settings) for t in steps), s
+        assert s.seconds >= 0
+
+
+def test_the_hook_and_the_series_change_no_answer():
+    base = doctor(RUNS[("training", "")], ["expandable_segments:True"], workers=1)
+    seen = []
+    rep = doctor(RUNS[("training", "")], ["expandable_segments:True"], workers=1, series=True, progress=seen.append)
+    assert json.dumps(rep.to_json()) == json.dumps(base.to_json()) and seen
+    assert len(rep.replay.reserved) == len(rep.replay.requests) + 1 and len(rep.what_ifs[0].reserved) > 0
+    assert not len(base.replay.reserved)
+    assert max(rep.what_ifs[0].reserved) == rep.what_ifs[0].peak_reserved_bytes
+
+
+def test_a_hook_that_raises_cancels_and_what_was_reported_stays():
+    """The page cancels the grid by raising from its hook once the report is shown."""
+    class Cancel(Exception):
+        pass
+
+    seen = []
+
+    def hook(step):
+        seen.append(step)
+        if step.stage == "grid" and step.done and step.index == 2:
+            raise Cancel
+
+    with pytest.raises(Cancel):
+        doctor(RUNS[("training", "")], ["expandable_segments:True"], suggest=True, workers=1, progress=hook)
+    report = next(s.result for s in seen if s.stage == "report")
+    assert report.what_ifs and report.suggestion is None
+    assert [s.stage for s in seen if s.done][-1] == "grid" and not any(s.stage == "done" for s in seen)

@@ -84,7 +84,7 @@ def _numbers(args):
 def test_every_exercise_is_declared_once_with_its_points_and_objective():
     registry.load_chapters()
     labels = sorted(EXERCISES)
-    assert len(labels) == 22
+    assert len(labels) == 23
     assert "ex-alloc-doctor" in labels  # exercise 1.6, declared like the others (issue 16)
     for e in EXERCISES.values():
         assert e.points > 0 and len(e.objective) > 30 and e.section and e.answers
@@ -163,6 +163,7 @@ def test_reserved_function():
     (al.check_pool_boundary_choice, "b", "acd"),
     (streams.check_cap_stall, "b", "acd"),
     (streams.check_allocation_stream, "c", "abd"),
+    (streams.check_fsdp_limit, "b", "acd"),
     (pinned.check_overwrite_guard, "c", "abde"),
     (syncs.check_bubble_cost, "b", "acd"),
 ])

@@ -83,7 +83,8 @@ CH1_LABELS = list(CH1_RIGHT)
 
 CH2 = "ch2_cross_stream.ipynb"
 # Chapter 2's solutions: blocks 1, 1, 4, 2; peak about 1024 MiB; allocated about one 64 MiB
-# buffer; the stall comes from waiting on record_stream's events (b); copy_in waits (c).
+# buffer; the stall comes from waiting on record_stream's events (b); copy_in waits (c); at world
+# size 1 limit_all_gathers bounds nothing (b).
 CH2_RIGHT = {
     "ex-streams-blocks": ('{"unprotected": None, "stall": None, "record_stream": None, "event": None}',
                           '{"unprotected": 1, "stall": 1, "record_stream": 4, "event": 2}'),
@@ -91,6 +92,7 @@ CH2_RIGHT = {
     "ex-streams-allocated": ("my_allocated_mib = None", "my_allocated_mib = 64"),
     "ex-streams-cap": ("streams.check_cap_stall(None)", 'streams.check_cap_stall("b")'),
     "ex-streams-alloc-stream": ("streams.check_allocation_stream(None)", 'streams.check_allocation_stream("c")'),
+    "ex-streams-fsdp-limit": ("streams.check_fsdp_limit(None)", 'streams.check_fsdp_limit("b")'),
 }
 CH2_WRONG = {
     "ex-streams-blocks": ('{"unprotected": None, "stall": None, "record_stream": None, "event": None}',
@@ -99,6 +101,7 @@ CH2_WRONG = {
     "ex-streams-allocated": ("my_allocated_mib = None", "my_allocated_mib = 2048"),
     "ex-streams-cap": ("streams.check_cap_stall(None)", 'streams.check_cap_stall("c")'),
     "ex-streams-alloc-stream": ("streams.check_allocation_stream(None)", 'streams.check_allocation_stream("d")'),
+    "ex-streams-fsdp-limit": ("streams.check_fsdp_limit(None)", 'streams.check_fsdp_limit("a")'),
 }
 CH4 = "ch4_hidden_syncs.ipynb"
 # Chapter 4's solutions: 17.5 and 28 ms; the bubble (b); the five syncing operations; the
@@ -308,7 +311,7 @@ def test_function_answers_are_scored_from_their_source(submissions):
 @pytest.mark.parametrize("chapter, labels, gpu", [
     ("ch1", CH1_LABELS, []),
     ("ch2", ["ex-streams-blocks", "ex-streams-peak", "ex-streams-allocated", "ex-streams-cap", "ex-streams-handoff",
-             "ex-streams-alloc-stream"], ["ex-streams-handoff"]),
+             "ex-streams-alloc-stream", "ex-streams-fsdp-limit"], ["ex-streams-handoff"]),
     ("ch4", ["ex-syncs-runahead", "ex-syncs-bubble", "ex-syncs-classify", "ex-syncs-threshold", "ex-syncs-rewrite"],
      ["ex-syncs-rewrite"]),
 ])

@@ -55,9 +55,9 @@ ALLOWED: dict[str, dict[tuple[str, float], str]] = {
         ("MiB", 39): "the knob's example (33 to 39 MiB)", ("MiB", 30): "the knob's example",
         **{("MiB", v): "the post's expandable-segments trace (rules)" for v in (100, 140)},
         **{("MiB", v): "the lab notes' bfloat16 figures, quoted once (seed-posts.md)" for v in (574, 194, 202)},
-        ("GiB", 1): "the cap of alloc.doctor_snapshots' 'cap' program (doctor_gpu.CAP_BYTES)",
-        ("MiB", 700): "the request of the 'cap' program that cannot fit (doctor_gpu._w_cap)",
-        ("MiB", 650): "what the 'cap' program holds then: 15 x 30 MiB + 200 MiB (doctor_gpu._w_cap)",
+        ("GiB", 1): "the cap of alloc.doctor_snapshots' 'cap' program (experiments.doctor.lab.snapshots.CAP_BYTES)",
+        ("MiB", 700): "the request of the 'cap' program that cannot fit (experiments.doctor.lab.snapshots._w_cap)",
+        ("MiB", 650): "what the 'cap' program holds then: 15 x 30 MiB + 200 MiB (experiments.doctor.lab.snapshots._w_cap)",
     },
     "ch2_cross_stream": {
         ("MiB", 1024): "exercise 2.2's answer: 16 parked 64 MiB blocks (the queue model)",

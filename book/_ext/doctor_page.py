@@ -39,7 +39,7 @@ PAGE = "book/snapshot_check"                 # the page's docname
 PYODIDE_FILES = ("pyodide.mjs", "pyodide.asm.mjs", "pyodide.asm.wasm", "python_stdlib.zip")
 LIMIT_MB = 256                               # the largest file the page takes (the page says so)
 ENTRY_MODULES = ("experiments.doctor", "experiments.doctor.cli")
-NOT_SHIPPED = ("experiments.doctor.figure",)   # the notebook's matplotlib figure: the page draws its own
+NOT_SHIPPED = ("experiments.doctor.answers.figure",)   # the notebook's matplotlib figure: the page draws its own
 # Imports that do not exist in the page's Python: a module that needs one at import time
 # stays out of the zip (e.g. the notebook figure's plotting module).
 UNAVAILABLE = ("torch", "numpy", "matplotlib", "IPython", "ipywidgets", "jsonschema", "tqdm", "PIL")

@@ -1,12 +1,14 @@
 """The Python half of the page "Check your own snapshot": it runs inside Pyodide, in the page's
 Web Worker (``book/_static/doctor-worker.mjs``), and turns a dropped file into what the page shows.
 
-It runs the doctor's own command line (:mod:`experiments.doctor.cli`): the arguments are the
-ones ``python -m experiments doctor FILE --what-if ... --json`` would get, parsed by the same
-parser, and the JSON is what that command prints, byte for byte; a bad file or setting gives
-the command's one-line ``error: ...``. Beside that it returns what the page draws: the
-report's text, reserved and allocated bytes over the requests (bucket maxima, so that no
-peak is lost), and the segments at the recorded run's peak.
+It runs the doctor's own command line (:func:`experiments.doctor.cli.outcome`): the arguments
+are the ones ``python -m experiments doctor FILE --what-if ... --json`` would get, parsed by the
+same parser, and the JSON is what that command prints, byte for byte; a bad file or setting
+gives the command's one-line ``error: ...``. The doctor tells its progress hook each step
+(:mod:`experiments.doctor.answers.progress`): the worker says how far it got and times the
+replay, each what-if and each setting of the grid. Beside the JSON it returns what the page
+draws: the report's text, reserved and allocated bytes over the requests (bucket maxima, so
+that no peak is lost), and the segments at the recorded run's peak.
 
 The build ships this file in the same zip as the doctor's package (``book/_ext/doctor_page.py``);
 it also runs in CPython, where the tests compare it with the command line.
@@ -14,12 +16,12 @@ it also runs in CPython, where the tests compare it with the command line.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import time
 import traceback
 from typing import Any, Callable, Sequence
+
+from experiments.core.oneline import OneLineParser
 
 PROG = "python -m experiments"   # the command line's prog: usage errors read the same
 POINTS = 600                     # points per line of the figure: more than a phone's width in px
@@ -30,11 +32,10 @@ class UsageError(Exception):
     """argparse refused the arguments (the message is the command line's one line)."""
 
 
-class _Parser(argparse.ArgumentParser):
-    # The command line prints usage errors as one line (experiments.core.cli._Parser); the page
-    # shows that line instead of exiting.
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(f"error: {self.prog}: {message}")
+class _Parser(OneLineParser):
+    # The command line prints its one-line usage error and exits; the page shows that line.
+    def fail(self, line: str) -> Any:
+        raise UsageError(line)
 
 
 def argv(path: str, what_if: Sequence[str] = (), *, cap_bytes: int | None = None,
@@ -106,26 +107,14 @@ def _envelope(values: Sequence[int], n: int) -> tuple[list[int], list[int]]:
 
 
 def _order(seg: dict[str, Any]) -> tuple[int, int]:
-    # As the notebook's figure (experiments.doctor.figure): segments that live blocks pin
+    # As the notebook's figure (experiments.doctor.answers.figure): segments that live blocks pin
     # first, most free bytes first, then the largest others.
     live = any(b["state"] != "inactive" for b in seg["blocks"])
     free = sum(b["size"] for b in seg["blocks"] if b["state"] == "inactive")
     return (0 if live and free else 1, -free if live else -seg["total_size"])
 
 
-def _with_series(report: Any, run: Any, kept: Sequence[Any]) -> Any:
-    """``run`` with its per-request series: as it is, or the same what-if kept while it ran, or
-    (the doctor's own way) run again."""
-    if len(run.reserved) or not run.events_replayed:
-        return run
-    for other in kept:
-        if other.settings == run.settings and len(other.reserved) and \
-                other.peak_reserved_bytes == run.peak_reserved_bytes:
-            return other
-    return report.series(run)
-
-
-def figure_data(report: Any, points: int = POINTS, with_series: Sequence[Any] = ()) -> dict[str, Any]:
+def figure_data(report: Any, points: int = POINTS) -> dict[str, Any]:
     """The timeline the page draws: reserved and allocated bytes per setting (recorded run first).
 
     Returns:
@@ -136,7 +125,7 @@ def figure_data(report: Any, points: int = POINTS, with_series: Sequence[Any] = 
     """
     runs = []
     for k, shown in enumerate([report.replay] + list(report.what_ifs)):
-        run = _with_series(report, shown, with_series)
+        run = report.series(shown)   # the run itself when the doctor kept its series (series=True)
         xs, res = _envelope(run.reserved, points)
         _, alloc = _envelope(run.allocated, points)
         runs.append({"label": ("recorded: " if k == 0 else "") + (run.settings or "defaults"), "recorded": k == 0,
@@ -170,14 +159,19 @@ def run(path: str, what_if: Sequence[str] = (), *, cap_bytes: int | None = None,
         suggest: bool = False, progress: Callable[[str], Any] | None = None) -> dict[str, Any]:
     """Run the doctor's command line on ``path`` and keep its report for the page.
 
+    ``progress`` is told, as text, the step the doctor starts: reading the snapshot, replaying
+    the recorded run, each what-if, each setting of the suggestion's grid, writing the result.
+
     Returns:
         ``{"ok": True, "argv", "json_text" (the command's stdout), "json" (parsed), "figure",
-        "seconds": {"total", "replay", "what_if": [...]}}``, and the report as ``report``
-        (a Python object, for :func:`details`); or ``{"ok": False, "argv", "error": the
+        "seconds": {"total", "replay", "what_if": [...], "grid": [...]}}``, and the report as
+        ``report`` (a Python object, for :func:`details`); or ``{"ok": False, "argv", "error": the
         command's one line}`` for bad input or settings (its exit status 2) and when the tab runs
         out of memory; or ``{"ok": False, "argv", "bug": the command's line and the traceback}``
         for a bug in the doctor (its exit status 1).
     """
+    from experiments.doctor import cli
+
     say = progress or (lambda _msg: None)
     args_list = argv(path, what_if, cap_bytes=cap_bytes, cap_fraction=cap_fraction, suggest=suggest)
     t0 = time.perf_counter()
@@ -185,95 +179,39 @@ def run(path: str, what_if: Sequence[str] = (), *, cap_bytes: int | None = None,
         args = _parser().parse_args(args_list)
     except UsageError as e:
         return {"ok": False, "error": str(e), "argv": args_list}
-    from experiments.doctor import report as report_mod
+    timings: dict[str, Any] = {"replay": 0.0, "what_if": [], "grid": []}
 
-    try:
-        from experiments.doctor import suggest as runs_mod   # runs every what-if (run_many)
-    except ImportError:
-        runs_mod = None
-    kept: dict[str, Any] = {}
-    timings: dict[str, Any] = {"what_if": []}
-    series: list[Any] = []   # the reader's what-ifs, with their per-request series
-    real_doctor = report_mod.doctor
-    real_replay = getattr(report_mod, "replay", None)
-    real_what_if = getattr(runs_mod, "what_if", None)
+    def step(s: Any) -> None:
+        # The doctor's steps (experiments.doctor.answers.progress): say the one that starts,
+        # time the ones that end. The series it keeps for the figure change no figure of the JSON.
+        if not s.done:
+            if s.stage == "read":
+                say("reading the snapshot")
+            elif s.stage == "replay":
+                say("replaying the recorded run")
+            elif s.stage == "what_if":
+                say(f"what-if {s.index + 1} of {s.count}: {s.settings or 'defaults'}")
+            elif s.stage == "grid":
+                say(f"suggestion: setting {s.index + 1} of the grid, {s.settings or 'defaults'}")
+        elif s.stage == "replay":
+            timings["replay"] = s.seconds
+        elif s.stage in ("what_if", "grid"):
+            timings[s.stage].append(s.seconds)
+        elif s.stage == "done":
+            say("writing the result")
 
-    # The command calls report.doctor(), which reads, replays, then runs each what-if (and the
-    # suggestion's grid): watch those calls to keep the report, to tell the page how far it
-    # got, to keep the series the figure needs (the command asks for peaks only, which changes
-    # no figure of its JSON), and to tell a tab out of memory and a bug from bad input.
-    def doctor(*a: Any, **kw: Any) -> Any:
-        say("reading the snapshot")
-        try:
-            kept["report"] = real_doctor(*a, **kw)
-        except MemoryError:
-            kept["memory"] = True
-            raise
-        except Exception:
-            kept["traceback"] = traceback.format_exc()
-            raise
-        say("writing the result")
-        return kept["report"]
-
-    def replay(*a: Any, **kw: Any) -> Any:
-        if "replay" in timings or kw.get("stop_at") is not None:
-            return real_replay(*a, **kw)
-        say("replaying the recorded run")
-        kw["series"] = True
-        t = time.perf_counter()
-        out = real_replay(*a, **kw)
-        timings["replay"] = time.perf_counter() - t
-        return out
-
-    def what_if_run(base: Any, cfg: Any, settings: str, **kw: Any) -> Any:
-        if kw.get("stop_at") is not None:
-            return real_what_if(base, cfg, settings, **kw)
-        k = len(timings["what_if"])
-        if k < len(what_if):
-            say(f"what-if {k + 1} of {len(what_if)}: {settings or 'defaults'}")
-            kw["series"] = True
-        else:
-            say(f"suggestion: setting {k + 1 - len(what_if)} of the grid, {settings or 'defaults'}")
-        t = time.perf_counter()
-        out = real_what_if(base, cfg, settings, **kw)
-        timings["what_if"].append(time.perf_counter() - t)
-        if k < len(what_if):
-            series.append(out[0])
-        return out
-
-    out, err = io.StringIO(), io.StringIO()
-    # Only the report is needed (doctor); the others tell the page the progress and keep the
-    # series, so a later doctor that names them otherwise still runs (the figure then runs the
-    # what-ifs again: Report.series).
-    patches = [(report_mod, "doctor", doctor, real_doctor)]
-    if real_replay is not None:
-        patches.append((report_mod, "replay", replay, real_replay))
-    if real_what_if is not None:
-        patches.append((runs_mod, "what_if", what_if_run, real_what_if))
-    for mod, name, fake, _ in patches:
-        setattr(mod, name, fake)
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            status = args.func(args)
-    finally:
-        for mod, name, _, real in patches:
-            setattr(mod, name, real)
-    line = err.getvalue().strip()
-    if kept.get("memory"):
+    res = cli.outcome(args, progress=step, series=True)
+    if res.memory:
         return {"ok": False, "argv": args_list, "error": MEMORY}
-    if status == 1 and "traceback" in kept:
-        return {"ok": False, "argv": args_list, "bug": line + "\n\n" + kept["traceback"]}
-    if status:
-        return {"ok": False, "argv": args_list, "error": line}
-    text = out.getvalue()
-    rep = kept["report"]
-    timings["user_what_if"] = timings["what_if"][:len(what_if)]
-    timings["grid"] = timings["what_if"][len(what_if):]
-    timings["what_if"] = timings["user_what_if"]
-    fig = figure_data(rep, with_series=series)
+    if res.traceback is not None:
+        return {"ok": False, "argv": args_list, "bug": res.error + "\n\n" + res.traceback}
+    if res.status:
+        return {"ok": False, "argv": args_list, "error": res.error}
+    rep = res.report
+    fig = figure_data(rep)
     timings["total"] = time.perf_counter() - t0
-    oom = rep.oom_text() if getattr(rep, "oom", None) and hasattr(rep, "oom_text") else None
-    return {"ok": True, "argv": args_list, "json_text": text, "json": json.loads(text), "oom_text": oom,
+    oom = rep.oom_text() if rep.oom is not None else None
+    return {"ok": True, "argv": args_list, "json_text": res.out + "\n", "json": json.loads(res.out), "oom_text": oom,
             "figure": fig, "seconds": timings, "report": rep}
 
 

@@ -11,7 +11,7 @@
 - Moves the figures that cells and explorers show inline (``data:`` PNGs, see
   ``experiments.core.explorer.figure_html``) into image files under ``_images/memlab/``,
   named by their content: the browser caches them and loads each only when it is shown,
-  and the page's HTML stays small (issue 19).
+  and the page's HTML stays small.
 - Trims the theme's ``fontawesome.js`` (pydata-sphinx-theme bundles every Font Awesome
   icon, 1.49 MB) to the icons the built pages and scripts name, replacing the copy in the
   output; the theme itself is untouched.

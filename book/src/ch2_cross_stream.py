@@ -24,7 +24,8 @@
 #   GPU, and why `torch.cuda.max_memory_allocated()` does not show it;
 # - the host stall that `record_stream` causes inside an ordinary allocation once memory
 #   is tight;
-# - how to write the event handoff, with a number of buffers in flight that you choose.
+# - how to write the event handoff, with a number of buffers in flight that you choose;
+# - what FSDP2 and FSDP1 themselves do with these buffers, measured on their own code.
 
 # %%
 import experiments as ex
@@ -550,6 +551,176 @@ streams.check_allocation_stream(None)  # replace None with "a", "b", "c" or "d"
 # ```
 
 # %% [markdown]
+# (ch2-fsdp)=
+
+# %% [markdown]
+# ## FSDP's own code on one GPU
+#
+# Until now the producer and the consumer were loops of our own. The post is about FSDP,
+# so this section trains a model with FSDP itself: FSDP2's
+# [`fully_shard`](https://docs.pytorch.org/docs/stable/distributed.fsdp.fully_shard.html)
+# with a `MixedPrecisionPolicy`, and FSDP1's `FullyShardedDataParallel` with `MixedPrecision`,
+# once with `limit_all_gathers=True` (its default) and once with `False`. The model is a stack
+# of 16 linear layers with 64 MiB of fp32 weights each, one FSDP unit per layer, computing in
+# bf16 (fp16 on a GPU without bf16, such as a T4). Each layer's time is set as in
+# {ref}`ch2-runahead`: a calibrated GPU delay per layer, in forward and again in backward, and a
+# host delay per layer. FSDP runs in a fresh process, never in your kernel, and the streams in
+# the figures are named after FSDP's own stream objects.
+#
+# **What runs here, and what does not.** There is one GPU, and two process groups:
+#
+# - **NCCL with one rank** (`init_process_group("nccl", world_size=1, rank=0)`). One GPU, world
+#   size 1: FSDP's own streams, events and allocator calls; no network.
+# - **torch's fake process group with two ranks** (`torch.testing._internal.distributed.fake_pg`,
+#   a testing tool of PyTorch). FSDP shards every parameter in two and runs its whole all-gather
+#   path, streams and events included, but the collective itself does nothing: half of every
+#   gathered buffer is never written. The values are garbage; the memory is real.
+#
+# A run on several GPUs adds what neither group can show: the time the all-gathers and
+# reduce-scatters take on the network, and how much of it FSDP overlaps with compute. That has
+# not been run for this book. Where a process group cannot start (a machine without NCCL), the
+# section says so in one line and shows the lab GPU's recording instead.
+#
+# ```{exercise} What limit_all_gathers bounds
+# :label: ex-streams-fsdp-limit
+#
+# FSDP1 frees each layer's gathered parameters with `record_stream`, and `limit_all_gathers=True`
+# makes the CPU wait when too many freed ones are still pending. With NCCL and **one rank**,
+# FSDP1 warns that it switches to `NO_SHARD`. What does `limit_all_gathers=True` do there to
+# FSDP1's peak memory as the CPU runs further ahead?
+#
+# - **a** It keeps the peak at about two layers' parameters: the rate limiter blocks the CPU.
+# - **b** Nothing. `NO_SHARD` frees no gathered parameters, so the limiter never waits, while
+#   `record_stream` still parks each layer's low-precision copy.
+# - **c** It lowers the peak, but only with fp32 parameters.
+# - **d** It raises the peak: the limiter keeps two extra buffers.
+# ```
+
+# %%
+streams.check_fsdp_limit(None)  # replace None with "a", "b", "c" or "d"
+
+# %% [markdown]
+# ```{solution} ex-streams-fsdp-limit
+# :class: dropdown
+#
+# **b**. FSDP1's rate limiter waits on events that it records when it frees an all-gathered
+# parameter (`_reshard` in `torch/distributed/fsdp/_runtime_utils.py`). With one rank FSDP1
+# runs `NO_SHARD` and frees none, so the limiter has nothing to wait on. FSDP1 still crosses
+# streams, though: with `MixedPrecision` it casts each layer's parameters on its pre-unshard
+# stream, the compute stream reads the copy, and FSDP1 frees it with `record_stream`. The
+# first table below shows FSDP1's two settings side by side.
+# ```
+
+# %% [markdown]
+# The run-ahead sweep with NCCL and one rank: one training step per point, two runs per point
+# (medians). Each of the four middle columns gives the peak of active memory above the step's
+# start, at one setting of GPU work / host delay per layer.
+
+# %% memlab={"reveals": "ex-streams-fsdp-limit"}
+ws1 = streams.fsdp_run("streams.fsdp_runahead")
+streams.fsdp_runahead_table(ws1)
+
+# %% [markdown]
+# With one rank neither FSDP gathers anything: the collectives column counts no all-gather.
+# FSDP2 copies each layer's parameters on the compute stream
+# ([pytorch/pytorch#160135](https://github.com/pytorch/pytorch/pull/160135), in torch 2.9 and
+# later). Its only side stream is the reduce-scatter stream, which here just copies the
+# gradients. FSDP1 runs `NO_SHARD` and issues one all-reduce per layer. Its low-precision
+# copies still cross streams, and they are freed with `record_stream`.
+
+# %%
+streams.plot_fsdp_runahead(ws1)
+
+# %% [markdown]
+# FSDP2's line is flat, and no free waits on an event. FSDP1's peak follows the run-ahead, as
+# the chapter's own `record_stream` program does on buffers of the same size: at 10 ms of GPU
+# work per layer and no host delay, most of the low-precision copies it makes in forward and
+# backward are parked at once. `limit_all_gathers` makes no difference beyond run-to-run noise,
+# for the reason in the exercise above.
+
+# %% [markdown]
+# ### The all-gather path, with two ranks
+#
+# The fake process group lets FSDP shard for two ranks on this one GPU. Now FSDP2 all-gathers
+# each layer into a buffer made on its all-gather copy-in stream, and FSDP1 gathers into a
+# buffer made on its unshard stream.
+
+# %%
+ws2 = streams.fsdp_run("streams.fsdp_runahead", group="fake")
+streams.plot_fsdp_runahead(ws2)
+
+# %%
+streams.fsdp_runahead_table(ws2)
+
+# %% [markdown]
+# This is the post's comparison, on FSDP's own code:
+#
+# - **FSDP2** holds the same few all-gather buffers at every run-ahead, and nothing is parked.
+#   Before a layer's gathered buffer is dropped, the copy-in stream, where the buffer was
+#   allocated, waits on the event that FSDP2 recorded after the compute stream copied the
+#   parameters out. That is this chapter's event handoff.
+# - **FSDP1 without the limit** parks the gathered parameters of almost every layer once the
+#   CPU runs ahead: `record_stream`, with nothing to hold the CPU back.
+# - **FSDP1 with the limit** stays close to its smallest peak. The price is in the table's last
+#   column: at the largest run-ahead its host needs about as long per step as the GPU, because
+#   the rate limiter makes the CPU wait for the GPU.
+#
+# ### Both streams, from the memory snapshot
+#
+# Each run keeps the allocator's memory trace (`torch.cuda.memory._record_memory_history`).
+# Below, one panel per stream shows the bytes of that stream's blocks over the training step,
+# against the host time of each allocator call. The red part is parked: freed by Python,
+# waiting for `record_stream`'s events to be seen complete. First FSDP2, then FSDP1 without
+# the limit, both with two ranks, 10 ms of GPU work per layer and no host delay:
+
+# %%
+fsdp2_step = streams.fsdp_run("streams.fsdp_step", group="fake")
+streams.plot_fsdp_step(fsdp2_step)
+
+# %%
+fsdp1_step = streams.fsdp_run("streams.fsdp_step", group="fake", version="fsdp1_nolimit")
+streams.plot_fsdp_step(fsdp1_step)
+
+# %% [markdown]
+# The host finishes enqueueing the forward pass long before the GPU does. FSDP2's copy-in
+# stream never holds more than a few buffers. FSDP1's unshard stream piles up one buffer per
+# layer. They stay parked until a later allocation finds their events complete, and once the
+# host has enqueued the step no allocation comes: the blocks stay parked while the GPU works
+# through the whole step, and after it. The trace behind each
+# figure says it entry by entry: every free is a `free_requested` entry, and a free that
+# `record_stream` deferred gets its `free_completed` entry only later.
+#
+# The allocator doctor ([chapter 1](ch1_caching_allocator.ipynb)) replays such a snapshot
+# request by request: the model's construction, two warm-up steps, then the measured step
+# (shaded). The lines are the doctor's reserved and allocated bytes. The markers are the
+# GPU's own counters, read at three marks while the program ran, and the dotted lines are
+# the GPU's peak counters:
+
+# %%
+from experiments import doctor
+
+replays = [(step, doctor.replay(doctor.read(step["snapshot"]))) for step in (fsdp2_step, fsdp1_step)]
+streams.plot_fsdp_replay(replays)
+
+# %% [markdown]
+# Both replays match the trace event by event, deferred frees included: the lines meet
+# every marker and reach the dotted peaks. To the byte, at each mark and at the peaks:
+
+# %%
+streams.fsdp_replay_table(replays)
+
+# %% [markdown]
+# Try other settings: the version, the process group, the GPU work and host delay per layer,
+# and `reshard_after_forward` (for FSDP1: `FULL_SHARD`, or `SHARD_GRAD_OP` when off). On your
+# own GPU you can also change the number of layers and their size. The recording has the
+# section's 16 layers of 64 MiB.
+
+# %%
+ex.panel("streams.fsdp_step", streams.plot_fsdp_step,
+         params=["version", "group", "gpu_ms", "host_delay_ms", "reshard_after_forward", "layers", "layer_mib"],
+         mode=streams.fsdp_mode())
+
+# %% [markdown]
 # ## In your own code
 #
 # - **Find the buffers that cross streams.** Look for any tensor created under
@@ -571,7 +742,7 @@ streams.check_allocation_stream(None)  # replace None with "a", "b", "c" or "d"
 # - **Prefer the event handoff on hot paths.** FSDP2
 #   ([`fully_shard`](https://docs.pytorch.org/docs/stable/distributed.fsdp.fully_shard.html))
 #   never calls `record_stream` on CUDA. It keeps each all-gather result with an event
-#   and makes the copy-in and all-gather streams wait before reuse. For the
+#   and makes the copy-in and all-gather streams wait before reuse ({ref}`ch2-fsdp`). For the
 #   reduce-scatter inputs of the backward pass, the post describes an experimental
 #   `set_reduce_scatter_max_input_buffers` that sets the number in flight. In your own
 #   loops, follow the recipe of {ref}`ch2-handoff`.

@@ -520,5 +520,6 @@ def knobs() -> dict[str, Any]:
     return out
 
 
-# The doctor's recordings (alloc.doctor_snapshots, alloc.doctor_cases) are registered with the chapter's experiments.
-from . import doctor_cases, doctor_gpu  # noqa: E402,F401
+# The doctor's recordings (alloc.doctor_snapshots, alloc.doctor_cases), made by the doctor's lab, are
+# registered with the chapter's experiments.
+from ..doctor.lab import cases, heldout, snapshots  # noqa: E402,F401

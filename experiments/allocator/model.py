@@ -2,9 +2,9 @@
 :func:`simulate`, which runs one on the allocator engine with no GPU.
 
 The rules themselves (rounding, pools, segment sizes, splits, settings) live in the doctor's
-package, written once (:mod:`experiments.doctor.rules`); the one implementation that applies
-them is :class:`experiments.doctor.engine.Engine` (streams, pools, cap, OOM path, expandable
-segments). This module re-exports the rules the chapter uses. New segments in
+package, written once (:mod:`experiments.doctor.model.rules`); the one implementation that
+applies them is :class:`experiments.doctor.model.engine.Engine` (streams, pools, cap, OOM path,
+expandable segments). This module re-exports the rules the chapter uses. New segments in
 :func:`simulate` get increasing synthetic addresses, so which of two equal free blocks is
 reused first may differ from a GPU run; sizes and totals do not.
 
@@ -16,9 +16,9 @@ import re
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..core.units import GiB, KiB, MiB, format_bytes  # noqa: F401  (format_bytes: the chapter's API)
-from ..doctor.engine import H200_TOTAL_MEMORY, Engine, EngineOutOfMemory
-from ..doctor.rules import (  # noqa: F401  (the chapter's API: the rules it teaches)
-    DEFAULT, LARGE_BUFFER, MIN_BLOCK_SIZE, MIN_LARGE_ALLOC, ROUND_LARGE, ROUNDUP_INTERVALS, SMALL_BUFFER,
+from ..doctor.model.engine import Engine, EngineOutOfMemory
+from ..doctor.model.rules import (  # noqa: F401  (the chapter's API: the rules it teaches)
+    DEFAULT, H200_TOTAL_MEMORY, LARGE_BUFFER, MIN_BLOCK_SIZE, MIN_LARGE_ALLOC, ROUND_LARGE, ROUNDUP_INTERVALS, SMALL_BUFFER,
     SMALL_SIZE, STATE_ALLOCATED, STATE_FREE, AllocatorConfig, expandable_segment_size, get_allocation_size,
     get_pool, parse_roundup_divisions, round_size, should_split,
 )

@@ -16,7 +16,7 @@ from ..core.tables import Table
 from ..core.units import mib
 from ..core.plotting import (MIN_FONT_PT, PALETTE, figure_function, is_narrow, legend_below, memory_timeline,
                               new_figure, pick, segment_map, stamp)
-from ..doctor.report import Report, doctor
+from ..doctor.answers.report import Report, doctor
 
 ORDER_LABELS = {"small_first": "small tensors first", "large_first": "large tensors first",
                 "increasing": "increasing batch size", "decreasing": "decreasing batch size"}
@@ -565,6 +565,16 @@ def plot_doctor_snapshots(result: Any, workload_settings: str = "") -> Any:
 def plot_doctor_cases(result: Any, workload_settings: str = "") -> Any:
     """The what-if figure for a result of ``alloc.doctor_cases`` (one real program under several
     settings): the run under ``workload_settings`` replayed, the others' settings as what-ifs.
+
+    Raises:
+        ValueError: ``result`` has no run under ``workload_settings``.
+    """
+    return plot_doctor_snapshots(result, workload_settings)
+
+
+def plot_doctor_heldout(result: Any, workload_settings: str = "") -> Any:
+    """The what-if figure for a result of ``alloc.doctor_heldout`` (a program held back from the
+    doctor's design, under several settings): as :func:`plot_doctor_cases`.
 
     Raises:
         ValueError: ``result`` has no run under ``workload_settings``.

@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ..doctor.loader import load
+from ..doctor.reading.loader import load
 
 KiB, MiB, GiB, TiB = 1024, 1024**2, 1024**3, 1024**4
 
@@ -33,12 +33,12 @@ def load_snapshot(source: str | Path | Mapping[str, Any] | Sequence[Mapping[str,
     (a pickle, gzip'd or not) or saved as JSON.
 
     Files go through the allocator doctor's one restricted, size-bounded loader
-    (:func:`experiments.doctor.loader.load`): a pickle that names code is refused before
+    (:func:`experiments.doctor.reading.loader.load`): a pickle that names code is refused before
     anything in it runs. A trace comes back as a table that reads like torch's list of dicts.
 
     Raises:
         ValueError: a file that is missing, not a snapshot, or over the loader's limits
-            (:class:`experiments.doctor.loader.SnapshotError`).
+            (:class:`experiments.doctor.errors.SnapshotError`).
     """
     if isinstance(source, (str, Path)):
         return load(source, need_trace=False)

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
 import sys
 import traceback
+
+from .files import write_atomic
+from .units import MiB
 
 
 def _classify(exc: BaseException) -> str:
@@ -35,11 +37,12 @@ def main(argv: list[str]) -> int:
         if req.get("memory_fraction") is not None or req.get("memory_cap_mib") is not None:
             if not torch.cuda.is_available():
                 raise RuntimeError("a memory cap needs a CUDA GPU")
-            fraction = req.get("memory_fraction")
-            if fraction is None:
-                total = torch.cuda.get_device_properties(0).total_memory
-                fraction = min(1.0, req["memory_cap_mib"] * 2**20 / total)
-            torch.cuda.set_per_process_memory_fraction(fraction)
+            if req.get("memory_fraction") is None:
+                from .device import cap_memory
+
+                cap_memory(req["memory_cap_mib"] * MiB)
+            else:
+                torch.cuda.set_per_process_memory_fraction(req["memory_fraction"])
         module_name, _, func_name = req["target"].partition(":")
         func = getattr(importlib.import_module(module_name), func_name)
         value = to_jsonable(func(**req["kwargs"]))
@@ -48,10 +51,7 @@ def main(argv: list[str]) -> int:
         out = {"ok": False, "error_kind": _classify(exc), "message": f"{type(exc).__name__}: {exc}",
                "traceback": traceback.format_exc()}
         sys.stderr.write(out["traceback"])
-    tmp = resp_path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(out, f)
-    os.replace(tmp, resp_path)
+    write_atomic(resp_path, json.dumps(out))
     return 0
 
 

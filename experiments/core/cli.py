@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from . import chapters
+from .oneline import OneLineParser
 from .tables import Table
 
 # registry, store, claims and device import torch: each command imports what it uses, so that
@@ -88,16 +89,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
     return 0
 
 
-class _Parser(argparse.ArgumentParser):
-    """Usage errors as one line and exit status 2 (argparse would print the usage first)."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        print(f"error: {self.prog}: {message}", file=sys.stderr)
-        raise SystemExit(2)
-
-
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m experiments", description=__doc__,
+    parser = OneLineParser(prog="python -m experiments", description=__doc__,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     # Chapter commands (chapters.COMMANDS): the chapter's module is imported only when its

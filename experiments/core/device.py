@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from .units import memory_fraction
+
 COLAB_SWITCH_HINT = (
     "In Colab: Runtime > Change runtime type > Hardware accelerator: a GPU (T4 is free), "
     "then Runtime > Restart session and run the page again."
@@ -62,6 +64,17 @@ def total_memory_bytes(device: int = 0) -> int:
     """Total memory of CUDA device ``device`` in bytes. Raises :class:`NoGPUError`."""
     require_cuda("reading the device's memory size")
     return int(torch.cuda.get_device_properties(device).total_memory)
+
+
+def cap_memory(cap_bytes: float) -> int:
+    """Cap this process's caching allocator at ``cap_bytes`` of the current device
+    (``torch.cuda.set_per_process_memory_fraction`` of :func:`~experiments.core.units.memory_fraction`;
+    call it with nothing reserved). Returns the cap the allocator enforces, in bytes
+    (the fraction times the device's memory, as it computes it)."""
+    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    fraction = memory_fraction(cap_bytes, total)
+    torch.cuda.set_per_process_memory_fraction(fraction)
+    return int(fraction * total)
 
 
 def check_fits(name: str, nbytes: int, *, fraction: float = 0.8, device: int = 0) -> None:

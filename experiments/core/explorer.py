@@ -9,9 +9,9 @@ native, labelled form controls (``<input type="range">`` over the recorded value
 ships (``book/_static/memlab.js``) shows the figure of the point the controls select.
 A parameter recorded at one value only is held fixed, not offered as a control, and a
 control set to a value that was not recorded with the others moves them to the nearest
-recorded point, so that no combination the page offers leads nowhere (issue 19).
+recorded point, so that no combination the page offers leads nowhere.
 
-Figures (issue 19): :func:`figure_html` writes a figure as ``<picture>`` with two PNGs,
+Figures: :func:`figure_html` writes a figure as ``<picture>`` with two PNGs,
 the default layout and the narrow one (``experiments.core.plotting.narrow``) for screens
 under :data:`NARROW_MEDIA`, so that phones get a figure drawn for their width; the
 ``<img>`` carries alt text naming the figure's titles and parameters, and each variant its
@@ -115,7 +115,8 @@ def figure_alt(fig: Any) -> str:
 
 def figure_html(fig: Any, alt: str | None = None) -> str:
     """``fig`` as ``<picture>``: the default layout, and for screens under :data:`NARROW_MEDIA`
-    the narrow one when the figure can be drawn again (a :func:`figure_function` made it).
+    the narrow one when the figure can be drawn again (a
+    :func:`~experiments.core.plotting.figure_function` made it).
 
     Both images are ``data:`` URIs, lazily loaded; each carries ``width``/``height``, its
     smallest font (``data-font-pt``), its ``data-dpi`` and ``data-collisions`` (a JSON list

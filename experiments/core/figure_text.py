@@ -1,4 +1,4 @@
-"""Measuring a drawn figure's text (issue 19): its smallest font and the texts that cover
+"""Measuring a drawn figure's text: its smallest font and the texts that cover
 each other, as the book saves the figure (``bbox_inches="tight"``).
 
 The book's build writes both onto every figure it shows

@@ -5,7 +5,7 @@ stream timelines, bars) from plain numbers; chapter modules turn their results i
 those numbers. Each function returns a closed :class:`matplotlib.figure.Figure`, so a
 notebook shows it once, as the cell's value, and widgets can redraw without leaking.
 
-Two layouts (issue 19): the default one, for the book's 688 px column and for notebooks,
+Two layouts: the default one, for the book's 688 px column and for notebooks,
 and a narrow one for phones (:func:`narrow`): :data:`NARROW_WIDTH` inches wide, panels that
 stand side by side stacked, drawn at :data:`NARROW_DPI`. The static book offers both
 through ``<picture>`` and lets the browser choose (``experiments.core.explorer``); a
@@ -59,7 +59,7 @@ STYLE = {
 }
 
 
-# Sizes (issue 19). A figure's text shows at font_pt * dpi / 72 * (displayed / natural width)
+# Sizes. A figure's text shows at font_pt * dpi / 72 * (displayed / natural width)
 # CSS px; bbox_inches="tight" adds about 0.16 in to the natural width. The book's column is
 # 688 px wide at 1280 px (686 inside an explorer), so a default-layout figure of MAX_WIDTH
 # inches (897 px at 110 dpi) is shown at 0.76 of its pixels and its smallest text,

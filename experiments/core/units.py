@@ -48,6 +48,13 @@ def format_bytes(nbytes: float, *, digits: int = 4) -> str:
     return f"{nbytes} B"
 
 
+def memory_fraction(cap_bytes: float, total_bytes: int) -> float:
+    """The share of a device's ``total_bytes`` that caps its allocator at ``cap_bytes``: what
+    ``torch.cuda.set_per_process_memory_fraction`` takes, at most 1 (the whole device). The
+    allocator then enforces ``int(fraction * total_bytes)`` bytes."""
+    return min(1.0, cap_bytes / total_bytes)
+
+
 def mib(nbytes: float) -> float:
     """Bytes to MiB (a float)."""
     return nbytes / MiB

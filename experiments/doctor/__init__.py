@@ -3,33 +3,36 @@ have done under other allocator settings?".
 
 A tool package of its own, beside the chapters: it imports neither torch, numpy nor matplotlib
 (the figure imports matplotlib when it is drawn), so it runs on a laptop, in CI and in the
-browser. Chapter 1 imports it; it imports no chapter. Its modules, in the order data flows:
+browser. Chapter 1 imports it; it imports no chapter. Its parts, in the order data flows, each
+importing only the parts before it:
 
-* :mod:`.rules` — the caching allocator's size rules, one function per C++ function they
-  follow; the rules file they cite ships beside them (``RULES.md``);
-* :mod:`.engine` — the allocator of one device, one method per C++ function of
-  ``DeviceCachingAllocator`` (streams, private pools, a cap and the out-of-memory path,
-  expandable segments), calling those rules;
-* :mod:`.loader`, :mod:`.unpickle` and :mod:`.entries` — the one restricted, bounded loader
-  of snapshots (``_dump_snapshot`` pickles of protocols 0-5, gzip'd or not, JSON, the compact
-  form): no code runs, every limit is checked before the memory is spent, and a trace becomes
-  columns (:mod:`.rows`);
-* :mod:`.trace` — a loaded snapshot checked and normalised into a trace of columns;
-* :mod:`.replay` — the exact replay, checked event by event against the trace;
-  :mod:`.attribution` — which pool each request went to (the choices a trace leaves open);
-  :mod:`.run` — the outcome of a replay or what-if and the request list they share;
-* :mod:`.whatif` — the same requests under other settings or a cap, exact or bounded;
-* :mod:`.suggest` — ``--suggest``: a grid of settings, ranked; :mod:`.oom` — the OOM explanation;
-* :mod:`.report` — :func:`doctor` and its :class:`Report`; :mod:`.figure` draws it;
-* :mod:`.cli` — ``python -m experiments doctor``.
+* :mod:`.errors` — what it raises for bad input (:class:`InputError` and its kinds);
+* :mod:`.model` — the one model of the caching allocator: the size rules
+  (:mod:`.model.rules`, citing the rules file ``RULES.md`` that ships beside them) and the
+  allocator of one device (:mod:`.model.engine`), whose state only it touches;
+* :mod:`.reading` — a file becomes a :class:`Trace`: the one restricted, bounded loader of
+  snapshots (``_dump_snapshot`` pickles of protocols 0-5, gzip'd or not, JSON, the compact
+  form), no code runs, every limit checked before the memory is spent;
+* :mod:`.replaying` — a Trace becomes a :class:`Run`: the exact replay, checked event by event,
+  with the state before the recording and the pool attribution as its collaborators, and the
+  request log the what-ifs run again;
+* :mod:`.answers` — a Run becomes what the reader reads: the what-ifs (exact, or a range),
+  ``--suggest``, the OOM explanation, :func:`doctor` and its :class:`Report` (with a progress
+  hook), the figure;
+* :mod:`.cli` — ``python -m experiments doctor``;
+* :mod:`.lab` — the GPU programs that hold the doctor to what the GPU did: the only part that
+  imports torch, never imported by the rest and never shipped to the browser.
 """
-from .rules import AllocatorConfig, round_size  # noqa: F401
-from .engine import Engine, EngineOutOfMemory  # noqa: F401
-from .loader import InputError, Limits, SnapshotError, load  # noqa: F401
-from .trace import Trace, compact_snapshot, read  # noqa: F401
-from .replay import Run, replay  # noqa: F401
-from .whatif import what_if  # noqa: F401
-from .report import Report, doctor  # noqa: F401
+from .model.rules import AllocatorConfig, round_size  # noqa: F401
+from .model.engine import Engine, EngineOutOfMemory  # noqa: F401
+from .errors import InputError, SnapshotError  # noqa: F401
+from .reading.loader import Limits, load  # noqa: F401
+from .reading.trace import Trace, compact_snapshot, read  # noqa: F401
+from .replaying.run import Run  # noqa: F401
+from .replaying.replay import replay  # noqa: F401
+from .answers.whatif import WhatIf, what_if  # noqa: F401
+from .answers.progress import Step  # noqa: F401
+from .answers.report import Report, doctor  # noqa: F401
 
-__all__ = ["AllocatorConfig", "Engine", "EngineOutOfMemory", "InputError", "Limits", "Report", "Run", "SnapshotError", "Trace",
-           "compact_snapshot", "doctor", "load", "read", "replay", "round_size", "what_if"]
+__all__ = ["AllocatorConfig", "Engine", "EngineOutOfMemory", "InputError", "Limits", "Report", "Run", "SnapshotError",
+           "Step", "Trace", "WhatIf", "compact_snapshot", "doctor", "load", "read", "replay", "round_size", "what_if"]

@@ -39,7 +39,6 @@ import json
 import os
 import secrets
 import sys
-import tempfile
 import threading
 import time
 import traceback
@@ -49,6 +48,7 @@ from typing import Any, Callable, Mapping, Sequence
 import nbformat
 
 from ..core.checks import Exercise, Feedback, ReportError, graded_feedback
+from ..core.files import write_atomic  # noqa: F401  (the grades file: one home for atomic writes)
 from . import wire
 from .notebooks import (Plan, Unreadable, clean_text, display_name, find_notebooks, notebook_chapter,
                         notebook_exercises, plan, read_notebook)
@@ -545,19 +545,3 @@ def rows_to_csv(rows: Sequence[Row]) -> str:
 
 def rows_to_json(rows: Sequence[Row]) -> str:
     return json.dumps([r.to_json() for r in rows], indent=1) + "\n"
-
-
-def write_atomic(path: str | os.PathLike[str], text: str) -> Path:
-    """Write ``text`` to ``path`` through a temporary file in the same folder, flushed to disk, and a rename."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".", prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path

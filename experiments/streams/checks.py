@@ -318,3 +318,28 @@ def _handoff_details(runs: Sequence[Mapping[str, Any]], ref_span: float, buffer_
         "reference_span_ms": float(ref_span),
         "buffer_mib": buffer_numel(buffer_mib) * 4 / MiB,
     }
+
+
+@exercise("ex-streams-fsdp-limit", chapter=2, points=1, section="FSDP's own code on one GPU",
+          objective="Say what FSDP1's limit_all_gathers can and cannot bound, from where FSDP frees with "
+                    "record_stream.")
+def check_fsdp_limit(answer: str | None) -> Feedback:
+    """Exercise (multiple choice): with NCCL and one rank, what does ``limit_all_gathers=True``
+    do to FSDP1's peak memory as the CPU runs further ahead? (FSDP1 then runs ``NO_SHARD``;
+    its rate limiter waits only on the events of freed all-gathered parameters,
+    ``torch/distributed/fsdp/_runtime_utils.py``, ``_unshard`` and ``_reshard``.)"""
+    if answer is None:
+        return unanswered('the letter of your choice: "a", "b", "c" or "d"')
+    return check_choice(answer, "b", name="your choice", explanations={
+        "a": "Not at world size 1. The rate limiter waits on events that _reshard records when it frees an "
+             "all-gathered parameter. With one rank FSDP1 runs NO_SHARD and frees none, so the limiter never "
+             "has anything to wait on. Compare FSDP1's two lines in the first figure of the section.",
+        "b": "Right. NO_SHARD frees no gathered parameters, so the limiter never blocks the CPU, while each "
+             "layer's low-precision copy, made on the pre-unshard stream, is still freed with record_stream and "
+             "parked until a later allocation sees its event complete. Sharded over two ranks, the same limiter "
+             "does bound the gathered parameters, at the price of a blocked CPU.",
+        "c": "No: the parked blocks are the low-precision copies that mixed precision makes. With fp32 "
+             "parameters FSDP1 needs no such copy, and the limiter's rule does not depend on the dtype.",
+        "d": "No: the limiter keeps no buffers of its own. It holds free events and makes the CPU wait on the "
+             "oldest one before the next all-gather.",
+    })

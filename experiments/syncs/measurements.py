@@ -1,6 +1,6 @@
 """Chapter 4 (Hidden host-device syncs): run-ahead and the bubble after a sync, a catalogue
 of operations that sync and that do not, pageable host-to-device copies that drain the
-stream, a case study, and a detector readers keep (:mod:`.sync_detector`).
+stream, a case study, and a detector readers keep (:mod:`.detector`).
 
 Source post: "Host-to-device syncs are bad too" (Edward Yang, 2026-08-11),
 https://docs.pytorch.org/devlogs/eager/2026-08-11-hidden-h2d-sync/. Background: CUDA
@@ -9,7 +9,7 @@ and ``torch.cuda.set_sync_debug_mode``,
 https://docs.pytorch.org/docs/stable/generated/torch.cuda.set_sync_debug_mode.html.
 
 Helpers live in :mod:`.ops` (the catalogue's operations), :mod:`.case`
-(the case study), :mod:`.syncs_plots` (figures and tables) and :mod:`.syncs_checks`
+(the case study), :mod:`.plots` (figures and tables) and :mod:`.checks`
 (exercises); everything a page needs is importable from here.
 """
 from __future__ import annotations

@@ -1,0 +1,159 @@
+"""The state before a late-started recording: the segments and blocks that existed when
+``_record_memory_history`` was turned on, rebuilt from the trace and the final state and put
+into the replay's engine (:meth:`experiments.doctor.model.engine.Engine.seed_segment`).
+
+A trace that starts after the program allocated shows frees of blocks it never allocated,
+releases of segments it never created, and blocks in the final state that no event made:
+those are the starting state. Ordinary segments get their live blocks and free gaps;
+expandable ranges are rebuilt from the final mapped runs, with the trace's maps taken away
+and its unmaps put back (walking it backwards).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from ..model.rules import DEFAULT_POOL, LARGE_BUFFER, SMALL_BUFFER, SMALL_SIZE, round_size
+from ..reading.rows import ALLOC, FREE_DONE, FREE_REQ, SEG_ALLOC, SEG_FREE, SEG_MAP, SEG_UNMAP
+
+
+@dataclasses.dataclass
+class StartState:
+    """What :func:`starting_state` rebuilt: blocks as (address, engine block, stream, pool id),
+    segment or range bases as (base, size, pool id), their reserved bytes, and a reason when
+    the start could not be rebuilt (None if it could)."""
+
+    blocks: list[tuple[int, Any, int, tuple[int, int]]] = dataclasses.field(default_factory=list)
+    bases: list[tuple[int, int, tuple[int, int]]] = dataclasses.field(default_factory=list)
+    reserved: int = 0
+    unsupported: str | None = None
+
+
+def starting_state(trace: Any, engine: Any) -> StartState:
+    """The segments and blocks that existed before a late-started recording of ``trace`` (a
+    :class:`~experiments.doctor.reading.trace.Trace`), put into ``engine`` (the replay's
+    :class:`~experiments.doctor.model.engine.Engine`).
+
+    Segments released in the trace that it never created, blocks freed that it never
+    allocated, and those of the final state that the trace never made, rebuilt in place:
+    ordinary segments with their live blocks and the gaps free; expandable ranges from the
+    final mapped runs with the trace's maps taken away and its unmaps put back.
+    """
+    ev = trace.events
+    state = StartState()
+    final_pool = {s["address"]: s["pool_id"] for s in trace.segments}
+    live_segs: set[int] = set()
+    live_blocks: set[int] = set()
+    init_segs: dict[int, tuple[int, int]] = {}
+    init_blocks: dict[int, tuple[int, int]] = {}
+    # one pass over every event, the block events first (most are): sizes and streams are
+    # read only for the few that existed before the recording
+    add_block, drop_block = live_blocks.add, live_blocks.discard
+    sizes, streams = ev.sizes, ev.streams
+    for code, addr, i in zip(ev.codes, ev.addrs, range(len(ev))):
+        if code == ALLOC:
+            add_block(addr)
+        elif code == FREE_REQ:
+            if addr not in live_blocks:
+                init_blocks.setdefault(addr, (sizes[i], streams[i]))
+                add_block(addr)
+        elif code == FREE_DONE:
+            drop_block(addr)
+        elif code == SEG_ALLOC:
+            live_segs.add(addr)
+        elif code == SEG_FREE:
+            if addr not in live_segs:
+                init_segs.setdefault(addr, (sizes[i], streams[i]))
+            live_segs.discard(addr)
+    final_blocks = {}
+    for s in trace.segments:
+        if not s["is_expandable"] and s["address"] not in live_segs and s["address"] not in init_segs:
+            init_segs[s["address"]] = (s["total_size"], s["stream"])
+        for a, size, req, st in s["blocks"]:
+            if st != "inactive" and a not in live_blocks and a not in init_blocks:
+                final_blocks[a] = (size, req)
+    if not init_segs and not init_blocks and not final_blocks:
+        return state
+    if trace.config.expandable_segments:
+        _seed_ranges(trace, engine, state, init_blocks, final_blocks)
+        return state
+    cfg = trace.config
+    for base in sorted(init_segs):
+        size, stream = init_segs[base]
+        pool = final_pool.get(base, DEFAULT_POOL)
+        blocks = []
+        for a, (req, _) in init_blocks.items():
+            if base <= a < base + size:
+                blocks.append((a, round_size(max(req, 1), cfg), req))
+        for a, (bsize, req) in final_blocks.items():
+            if base <= a < base + size:
+                blocks.append((a, bsize, req))
+        small = size <= 2 * SMALL_SIZE and all(b[1] <= SMALL_SIZE for b in blocks)
+        if not small:
+            # A large-pool block is > 1 MiB, so a gap of at most 1 MiB after a live block is
+            # the remainder that block's split did not cut off (§A.7): it belongs to the block.
+            blocks.sort()
+            for k, (a, n, req) in enumerate(blocks):
+                end = blocks[k + 1][0] if k + 1 < len(blocks) else base + size
+                if 0 < end - (a + n) <= SMALL_SIZE:
+                    blocks[k] = (a, end - a, req)
+        made = engine.seed_segment(base, size, stream, pool, small, blocks)
+        state.bases.append((base, size, pool))
+        state.reserved += size
+        state.blocks += [(a, blk, stream, pool) for a, blk in sorted(made.items())]
+    return state
+
+
+def _seed_ranges(trace: Any, engine: Any, state: "StartState", init_blocks: dict[int, tuple[int, int]],
+                 final_blocks: dict[int, tuple[int, int]]) -> None:
+    """Expandable segments at the start: the final mapped runs, with the trace's maps taken
+    away and its unmaps put back (walking it backwards), grouped into one range per
+    (stream, pool); a range's base is taken as its lowest mapped address."""
+    eng, ev = engine, trace.events
+    groups: list[dict[str, Any]] = []
+
+    def find(addr: int, stream: int) -> dict[str, Any] | None:
+        return next((g for g in groups if g["stream"] == stream and abs(addr - g["base"]) < g["size"]), None)
+
+    for s in sorted((s for s in trace.segments if s["is_expandable"]), key=lambda s: s["address"]):
+        g = find(s["address"], s["stream"])
+        if g is None:
+            small = s["pool"] == "small"
+            g = {"base": s["address"], "size": eng.range_size(small), "stream": s["stream"],
+                 "pool": s["pool_id"], "small": small, "pages": set()}
+            groups.append(g)
+        g["pages"] |= set(range(s["address"], s["address"] + s["total_size"], SMALL_BUFFER))
+    for code, addr, size, stream in reversed(ev):
+        if code not in (SEG_MAP, SEG_UNMAP):
+            continue
+        g = find(addr, stream)
+        if g is None:
+            small = size % LARGE_BUFFER != 0
+            g = {"base": addr, "size": eng.range_size(small), "stream": stream, "pool": DEFAULT_POOL,
+                 "small": small, "pages": set()}
+            groups.append(g)
+        span = set(range(addr, addr + size, SMALL_BUFFER))   # 2 MiB granules of the pages
+        g["pages"] = g["pages"] - span if code == SEG_MAP else g["pages"] | span
+    cfg = trace.config
+    for g in groups:
+        if not g["pages"]:
+            continue           # the range was made during the recording
+        pages = sorted(g["pages"])
+        base = min(g["base"], pages[0])
+        runs, start = [], pages[0]
+        for a, b in zip(pages, pages[1:] + [None]):
+            if b != a + SMALL_BUFFER:
+                runs.append((start, a + SMALL_BUFFER - start))
+                start = b
+        inside = [(a, round_size(max(req, 1), cfg), req) for a, (req, _) in init_blocks.items()
+                  if a in g["pages"] or (a // SMALL_BUFFER) * SMALL_BUFFER in g["pages"]]
+        inside += [(a, n, req) for a, (n, req) in final_blocks.items()
+                   if (a // SMALL_BUFFER) * SMALL_BUFFER in g["pages"]]
+        made = eng.seed_segment(base, g["size"], g["stream"], g["pool"], g["small"], inside, expandable=True,
+                                mapped=runs)
+        state.bases.append((base, g["size"], g["pool"]))
+        state.reserved += sum(n for _, n in runs)
+        state.blocks += [(a, blk, g["stream"], g["pool"]) for a, blk in sorted(made.items())]
+
+
+__all__ = ["StartState", "starting_state"]
