@@ -407,6 +407,20 @@ def test_replay_figure_puts_the_gpus_counters_on_the_doctors_lines(recorded_mode
     assert narrow.axes[0].get_position().y0 > narrow.axes[1].get_position().y1 - 1e-6, "stacked on a phone"
 
 
+def test_a_mark_stands_where_a_replay_stopped_at_it_ends(recorded_mode):
+    """Run.mark_points (read in one replay) is the series' length of a replay stopped at the
+    mark's 'snapshot' entry (the releases before it flushed, as an empty_cache). The figure placed its marks with one replay per mark
+    before: 17 s of chapter 2's 60-s live budget went to them on a loaded CPU (7 s on the
+    H200 host), and the chapter ran 60.3 s live."""
+    from experiments import doctor
+
+    for result, run in _page_replays():
+        trace = doctor.read(result["snapshot"])
+        assert len(run.mark_points) == len(run.marks) >= 2
+        for (i, _, _), k in zip(run.marks, run.mark_points):
+            assert k == len(doctor.replay(trace, stop_at=i).allocated), (result.params, i)
+
+
 def test_replay_figure_rejects_what_it_cannot_draw(recorded_mode):
     with pytest.raises(ValueError, match="pairs"):
         streams.plot_fsdp_replay([])

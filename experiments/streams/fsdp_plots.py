@@ -130,14 +130,25 @@ def plot_fsdp_step(result: Result) -> Any:
 MARK_LABELS = {"built": "built", "warm": "warmed up", "step": "after step"}
 
 
-def _mark_requests(result: Result) -> list[int]:
-    """Where each of the step's marks falls in the doctor's series: the series' length when
-    the replay stops at the mark's trace entry, i.e. the index of the first request after the
-    mark (the series' last point, the state at the trace's end, for a mark that ends it)."""
-    from ..doctor import read, replay   # the doctor's face, as a reader would call it
+def _mark_requests(result: Result, run: Any) -> list[int]:
+    """Where each of the step's marks falls in the doctor's series: the index of the first
+    request after the mark (``Run.mark_points`` of the mark's 'snapshot' trace entry), or the
+    series' last point, the state at the trace's end, for a mark that ends the trace.
 
-    trace = read(result["snapshot"])
-    return [len(replay(trace, stop_at=ph["trace_index"]).allocated) for ph in result["phases"]]
+    Raises:
+        ValueError: a mark that is neither a 'snapshot' entry of the replay nor the trace's end.
+    """
+    points = {i: k for (i, _, _), k in zip(run.marks, run.mark_points)}
+    out = []
+    for ph in result["phases"]:
+        i = ph["trace_index"]
+        if i - 1 in points or i in points:
+            out.append(points[i - 1] if i - 1 in points else points[i])
+        elif i >= run.events_replayed:
+            out.append(len(run.reserved))
+        else:
+            raise ValueError(f"phase {ph['phase']!r} at trace entry {i} is no 'snapshot' entry of the replay")
+    return out
 
 
 @figure_function
@@ -174,7 +185,7 @@ def plot_fsdp_replay(pairs: Sequence[tuple[Result, Any]]) -> Any:
         ax.plot(xs, [mib(run.reserved[i]) for i in xs], color=res_color, lw=1.4, label="doctor: reserved")
         ax.plot(xs, [mib(run.allocated[i]) for i in xs], color=alloc_color, lw=1.1, ls="--",
                 label="doctor: allocated")
-        at = [min(k, len(run.reserved) - 1) for k in _mark_requests(result)]
+        at = [min(k, len(run.reserved) - 1) for k in _mark_requests(result, run)]
         ax.scatter(at, [mib(ph["reserved_bytes.all.current"]) for ph in d["phases"]], s=55, marker="o",
                    facecolors="none", edgecolors="black", linewidths=1.3, zorder=3, clip_on=False,
                    label="GPU: reserved at a mark")

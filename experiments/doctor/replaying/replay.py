@@ -253,6 +253,8 @@ class _Replayer:
                     if buf:
                         self._flush_empty(i, buf)
                     run.marks.append((i, eng.allocated_bytes, eng.reserved_bytes))
+                    if series:
+                        run.mark_points.append(len(alloc_a))
                     continue
                 elif code == OOM:
                     self._oom(i, buf, size, stream)

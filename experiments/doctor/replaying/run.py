@@ -31,6 +31,8 @@ class Run:
         requests: the request list (replay only) that what-ifs reuse.
         initial: the blocks rebuilt for a late-started recording, (key, requested, stream, pool).
         marks: (trace index, allocated, reserved) at each 'snapshot' entry (replay only).
+        mark_points: for each of ``marks``, the length of the series there: the index of the
+            first request after the mark (replay with ``series`` only), where a figure puts it.
         peak_event: the trace event after which reserved bytes peaked (replay only).
         segment_log: (action, address, size) of every segment the GPU allocated or freed and of
             every expandable range it reserved, in order (replay only; a what-if takes the
@@ -70,6 +72,7 @@ class Run:
     requests: list[tuple] = dataclasses.field(default_factory=list)
     initial: list[tuple[int, int, int, tuple[int, int]]] = dataclasses.field(default_factory=list)
     marks: list[tuple[int, int, int]] = dataclasses.field(default_factory=list)
+    mark_points: list[int] = dataclasses.field(default_factory=list)
     peak_event: int = 0
     segment_log: list[tuple[str, int, int]] = dataclasses.field(default_factory=list)
     pool_choices: int = 0
