@@ -246,6 +246,11 @@ class Stream(Remote):
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         return CONN.request({"rq": "fn", "name": "torch.cuda.Stream", "args": encode(list(args)), "kw": encode(kwargs)})
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # the reference was set where __new__'s reply was read; Python calls __init__ on what
+        # __new__ returned with the caller's arguments (torch.cuda.Event(enable_timing=True))
+        pass
+
     wait_event = _method("wait_event")
     wait_stream = _method("wait_stream")
     record_event = _method("record_event")
@@ -266,6 +271,11 @@ class Event(Remote):
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         return CONN.request({"rq": "fn", "name": "torch.cuda.Event", "args": encode(list(args)), "kw": encode(kwargs)})
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # the reference was set where __new__'s reply was read; Python calls __init__ on what
+        # __new__ returned with the caller's arguments (torch.cuda.Event(enable_timing=True))
+        pass
 
     record = _method("record")
     wait = _method("wait")
