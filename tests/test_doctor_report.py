@@ -215,6 +215,33 @@ def test_help_describes_suggest_and_the_oom_explanation():
     assert "explains the first OOM" in " ".join(out.stdout.split())
 
 
+def test_every_option_is_in_the_help_the_readme_and_the_page():
+    """Each option of the command (its parser, not a list typed here) is explained where the
+    doctor's other options are: ``--help`` with a line of its own, the README's doctor section and
+    the page "Check your own snapshot"; the reading limits' defaults are the loader's."""
+    import argparse
+
+    from experiments.doctor.cli import _arguments
+    from experiments.doctor.reading.loader import DEFAULT_LIMITS
+
+    p = argparse.ArgumentParser()
+    _arguments(p)
+    flags = {o for a in p._actions for o in a.option_strings if o.startswith("--") and o != "--help"}
+    assert {"--total-memory", "--read-budget", "--max-events", "--max-bytes"} <= flags
+    help_text = _cli("--help").stdout
+    readme = (ROOT / "README.md").read_text()
+    page = (ROOT / "book" / "snapshot_check.md").read_text()
+    for flag in sorted(flags):
+        assert re.search(rf"^\s+{flag}\b.*\S", help_text, re.M), f"--help has no line of its own for {flag}"
+        if flag in ("--device", "--workers", "--json"):
+            continue                 # said by the README's examples and the page's command
+        assert f"`{flag}" in readme, f"the README does not explain {flag}"
+        assert f"`{flag}" in page, f"book/snapshot_check.md does not explain {flag}"
+    one = " ".join(help_text.split())
+    assert f"default {DEFAULT_LIMITS.max_events:,}" in one and f"default {DEFAULT_LIMITS.budget_bytes >> 20} MiB" in one
+    assert "get_device_properties(0).total_memory" in " ".join(readme.split())
+
+
 # ----------------------------------------------------------------------------- what-ifs that are not exact
 
 def test_a_what_if_that_is_not_exact_reads_as_a_range_in_text_json_and_suggest():

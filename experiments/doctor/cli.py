@@ -50,6 +50,7 @@ examples:
   python -m experiments doctor snap.pickle --what-if expandable_segments:True
   python -m experiments doctor snap.pickle.gz --suggest
   python -m experiments doctor snap.pickle --cap 8589934592 --json
+  python -m experiments doctor snap.pickle --cap-fraction 0.5 --total-memory BYTES   # another GPU
 """
 
 
@@ -63,32 +64,42 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("snapshot", help="a _dump_snapshot pickle (.pickle, .pickle.gz) or a JSON snapshot")
-    p.add_argument("--what-if", action="append", default=[], metavar="SETTINGS",
-                   help="settings in PYTORCH_CUDA_ALLOC_CONF syntax, e.g. expandable_segments:True (repeatable)")
-    cap = p.add_mutually_exclusive_group()
-    cap.add_argument("--cap", type=int, metavar="BYTES", help="memory cap for the what-ifs, in bytes")
-    cap.add_argument("--cap-fraction", type=float, metavar="F", help="memory cap as a fraction of the device (0-1]")
-    p.add_argument("--device", type=int, default=0, help="which device's trace (default 0)")
-    p.add_argument("--suggest", action="store_true",
-                   help="replay a grid of settings (expandable segments, split sizes, roundup divisions, GC "
-                        "thresholds under the cap, and combinations), rank them by OOMs and peak reserved, and "
-                        "print the PYTORCH_CUDA_ALLOC_CONF line to use")
-    p.add_argument("--json", action="store_true",
-                   help="print one JSON object (fields: python -c 'import experiments.doctor.answers.report as r; "
-                        "print(r.JSON_FIELDS)')")
-    p.add_argument("--workers", type=int, metavar="N",
-                   help="processes for the what-ifs and the grid (default: this machine's cores, for long traces)")
-    p.add_argument("--total-memory", type=int, metavar="BYTES",
-                   help="the device's memory (torch.cuda.get_device_properties(0).total_memory), which no snapshot "
-                        "records: used by --cap-fraction, by per_process_memory_fraction in the recorded settings and "
-                        "by the expandable-segment range size (default: the snapshot's, else the lab H200's)")
-    p.add_argument("--max-bytes", type=int, metavar="BYTES", default=DEFAULT_LIMITS.max_bytes,
-                   help=f"read snapshots up to this size once decompressed (default {DEFAULT_LIMITS.max_bytes >> 20} MiB)")
-    p.add_argument("--max-events", type=int, metavar="N", default=DEFAULT_LIMITS.max_events,
-                   help=f"read traces of up to this many entries (default {DEFAULT_LIMITS.max_events:,})")
-    p.add_argument("--read-budget", type=int, metavar="BYTES", default=DEFAULT_LIMITS.budget_bytes,
-                   help="memory the objects of a snapshot other than its trace may take while it is read "
-                        f"(default {DEFAULT_LIMITS.budget_bytes >> 20} MiB)")
+    ask = p.add_argument_group("what to ask")
+    ask.add_argument("--what-if", action="append", default=[], metavar="SETTINGS",
+                     help="settings in PYTORCH_CUDA_ALLOC_CONF syntax, e.g. expandable_segments:True (repeatable)")
+    ask.add_argument("--suggest", action="store_true",
+                     help="replay a grid of settings (expandable segments, split sizes, roundup divisions, GC "
+                          "thresholds under the cap, and combinations), rank them by OOMs and peak reserved, and "
+                          "print the PYTORCH_CUDA_ALLOC_CONF line to use")
+    dev = p.add_argument_group("the device and its memory cap")
+    cap = dev.add_mutually_exclusive_group()
+    cap.add_argument("--cap", type=int, metavar="BYTES",
+                     help="memory cap for the what-ifs, in bytes (as set_per_process_memory_fraction would set it)")
+    cap.add_argument("--cap-fraction", type=float, metavar="F",
+                     help="memory cap as a fraction of the device's memory, in (0, 1] (see --total-memory)")
+    dev.add_argument("--total-memory", type=int, metavar="BYTES",
+                     help="the device's memory, for a snapshot from another GPU than an H200: "
+                          "torch.cuda.get_device_properties(0).total_memory on it. No snapshot records it; "
+                          "--cap-fraction, per_process_memory_fraction in the recorded settings and the "
+                          "expandable-segment range size use it (default: the snapshot's, else the lab H200's, "
+                          "and the report says which it assumed)")
+    dev.add_argument("--device", type=int, default=0, help="which device's trace (default 0)")
+    out = p.add_argument_group("output and speed")
+    out.add_argument("--json", action="store_true",
+                     help="print one JSON object (fields: python -c 'import experiments.doctor.answers.report as r; "
+                          "print(r.JSON_FIELDS)')")
+    out.add_argument("--workers", type=int, metavar="N",
+                     help="processes for the what-ifs and the grid (default: this machine's cores, for long traces)")
+    lim = p.add_argument_group("reading limits", "  A snapshot is untrusted input: every size is checked before the "
+                               "memory is spent.\n  A real snapshot past a limit is refused with a message naming the "
+                               "flag that raises it.")
+    lim.add_argument("--max-bytes", type=int, metavar="BYTES", default=DEFAULT_LIMITS.max_bytes,
+                     help=f"the file's size once decompressed (default {DEFAULT_LIMITS.max_bytes >> 20} MiB)")
+    lim.add_argument("--max-events", type=int, metavar="N", default=DEFAULT_LIMITS.max_events,
+                     help=f"trace entries (default {DEFAULT_LIMITS.max_events:,})")
+    lim.add_argument("--read-budget", type=int, metavar="BYTES", default=DEFAULT_LIMITS.budget_bytes,
+                     help="memory the objects besides the trace's own tables (segments, blocks, stack frames, settings) may take "
+                          f"while the file is read (default {DEFAULT_LIMITS.budget_bytes >> 20} MiB)")
     p.set_defaults(func=run_cli)
 
 

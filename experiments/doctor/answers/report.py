@@ -56,7 +56,9 @@ warnings          one line each: recorded settings not modelled, the device memo
                   it matters, a cap below the recording's need, skipped trace actions, a GC
                   threshold without a known cap
 replay            settings, matches_trace, first_mismatch (null, or event_index, action,
-                  reason, expected, got), final/peak reserved and allocated bytes, oom_events
+                  reason, expected, got), final/peak reserved and allocated bytes, oom_events,
+                  allocated_upper_bound (only where true: the trace has no free_requested
+                  entries, so the allocated figures are active bytes, an upper bound)
 what_if           one object per --what-if: settings, final/peak reserved and allocated bytes,
                   oom_events, and how sure the answer is: exact (true when nothing the
                   snapshot leaves open can change it), uncertain (what can: record_stream
@@ -290,7 +292,8 @@ def doctor(snapshot: Any, what_if: Sequence[str] = (), *, cap_bytes: int | None 
     if trace.skipped_actions and "free_requested" in trace.skipped_actions:
         warnings.append("the trace has no free_requested entries (recorded with _record_memory_history("
                         "skip_actions=['free_requested'])): each free counts where it completed; allocated bytes "
-                        "between a record_stream free and its completion are not known")
+                        "between a record_stream free and its completion are not known, so the allocated figures "
+                        "are active bytes, an upper bound (reserved bytes and the layout are exact)")
     if trace.config.garbage_collection_threshold and replay_cap is None:
         gc = trace.config.garbage_collection_threshold
         where = (f"; the trace puts the cap between {format_bytes(base.gc_cap_range[0])} and "
@@ -419,7 +422,8 @@ class Report:
         rows = self.rows()
         notes = _uncertain_lines(rows, "label") if notes else []
         return Table(["setting", "peak reserved", "peak allocated", "final reserved", "frag@peak", "OOMs"],
-                     [[x["label"], _between(x, "peak_reserved_bytes"), format_bytes(x["peak_allocated_bytes"]),
+                     [[x["label"], _between(x, "peak_reserved_bytes"),
+                       ("at most " if x.get("allocated_upper_bound") else "") + format_bytes(x["peak_allocated_bytes"]),
                        _between(x, "final_reserved_bytes"), f"{x['peak_fragmentation']:.2f}", _ooms(x)]
                       for x in rows], "; ".join(notes), right=[False, True, True, True, True, True])
 
@@ -549,9 +553,16 @@ class Report:
             m = r.first_mismatch or {}
             lines.append(f"replay: stops at trace event {m.get('event_index')} ({m.get('action')}): {m.get('reason')}; "
                          "the figures below cover the events before it")
+        if r.initial:
+            lines.append(f"the recording began after the program had allocated: {len(r.initial)} blocks from before "
+                         f"it ({format_bytes(r.start_allocated)} allocated, {format_bytes(r.start_reserved)} reserved) "
+                         "were rebuilt from the frees, releases and final state the trace shows"
+                         + (f"; {r.initial_extended} of them found longer than requested (an unsplit remainder) "
+                            "from where the GPU put later blocks" if r.initial_extended else ""))
         layout = self.peak_layout(r)
         stats = _layout_stats(layout)
         lines.append(f"peak reserved {format_bytes(r.peak_reserved_bytes)}, peak allocated "
+                     f"{'at most ' if r.allocated_upper_bound else ''}"
                      f"{format_bytes(r.peak_allocated_bytes)}; at the peak {format_bytes(stats['reserved_unallocated_bytes'])} "
                      f"is reserved but not allocated (fragmentation {stats['fragmentation']:.2f})")
         pins = _pinning(layout)

@@ -250,7 +250,7 @@ def _run_requests(base: Run, requests: Requests, wi: WhatIf, cap_bytes: int | No
     sync = _DriverSync(base.segment_log, eng)
     address = sync.address
     eng.address_hook = address
-    run = Run(wi.settings, rule=base.rule)
+    run = Run(wi.settings, rule=base.rule, allocated_upper_bound=base.allocated_upper_bound)
     blocks: dict[int, Any] = {}
     for key, req, stream, pool in base.initial:
         try:

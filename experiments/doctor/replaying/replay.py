@@ -39,7 +39,7 @@ from ..reading.rows import ALLOC, FREE_DONE, FREE_REQ, OOM, SEG_ALLOC, SEG_FREE,
 from .attribution import PoolAttribution, alternatives, search
 from .requests import KEY_SHIFT, R_ALLOC, R_FREE_DONE, R_FREE_REQ, R_FREEABLE, R_RESTORE, R_RETRY, Requests
 from .run import Run
-from .start import starting_state
+from .start import extension, starting_state
 
 _SEG_NAMES = {SEG_ALLOC: "segment_alloc", SEG_FREE: "segment_free", SEG_MAP: "segment_map",
               SEG_UNMAP: "segment_unmap"}
@@ -71,8 +71,10 @@ class _Replayer:
 
     def __init__(self, trace: Any, cap_bytes: int | None, total_memory: int,
                  forced: dict[int, tuple[int, int]] | None = None, *, stop_at: int | None = None,
-                 series: bool = True, rule: str = "2.11"):
+                 series: bool = True, rule: str = "2.11", extended: dict[int, int] | None = None):
         self.trace = trace
+        self.extended = extended or {}       # blocks from before the recording the trace shows longer
+        self.start = None
         self.engine = Engine(trace.config, cap_bytes=cap_bytes, total_memory=total_memory, rule=rule)
         self.bases: list[int] = []           # sorted segment / range bases seen by the trace
         self.seg_end: dict[int, int] = {}
@@ -120,7 +122,8 @@ class _Replayer:
 
     def _seed(self) -> list[tuple[int, int, int, tuple[int, int]]]:
         """Blocks and segments from before the recording (:func:`starting_state`)."""
-        state = starting_state(self.trace, self.engine)
+        state = starting_state(self.trace, self.engine, self.extended)
+        self.start = state
         for base, size, pool in state.bases:
             self._add_base(base, size, pool)
         self.trace_reserved += state.reserved
@@ -640,13 +643,31 @@ def _replay_rule(trace: Any, cap_bytes: int | None, total_memory: int | None, st
     cap = cap_bytes if cap_bytes is not None else trace.cap_bytes
     total = total_memory or trace.total_memory or H200_TOTAL_MEMORY
 
+    extended: dict[int, int] = {}
+
     def once(forced: dict[int, tuple[int, int]]) -> _Replayer:
-        r = _Replayer(trace, cap, total, forced, stop_at=stop_at, series=series, rule=rule)
+        r = _Replayer(trace, cap, total, forced, stop_at=stop_at, series=series, rule=rule, extended=extended)
         with no_cyclic_gc():
             r.run()
         return r
 
     best, last = search(once)
+    # A recording that began late: where the GPU put a block at most 1 MiB into a free gap of
+    # the start state, the live block before the gap was longer than its request (an unsplit
+    # remainder, RULES.md §A.7); replay again with it so, as long as that gets further.
+    while (not best.matches_trace and last.start is not None and best.first_mismatch
+           and best.first_mismatch["reason"] == "the block is not where the GPU put it"):
+        fix = extension(last.start, best.first_mismatch["expected"], extended)
+        if fix is None:
+            break
+        extended[fix[0]] = fix[1]
+        run2, last2 = search(once)
+        if not (run2.matches_trace or run2.events_replayed > best.events_replayed):
+            del extended[fix[0]]             # the alternatives below replay without it
+            break
+        best, last = run2, last2
+    best.initial_extended = len(extended)
+    best.allocated_upper_bound = bool(trace.skipped_actions and "free_requested" in trace.skipped_actions)
     best.rule = rule
     best.rule_ties = last.engine.rule_ties
     if last.gc_caps:

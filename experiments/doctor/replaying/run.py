@@ -48,6 +48,9 @@ class Run:
             nothing the snapshot leaves open can change its answer; else the reasons, the
             range of peak / final reserved bytes and OOM counts over the alternatives explored,
             and bound_bytes, the most the answer may be off by.
+        allocated_upper_bound: the trace has no free_requested entries (recorded with
+            ``skip_actions=["free_requested"]``): a block counts as allocated until its free
+            completed, so the allocated figures are active bytes, at least the allocated ones.
         timing_bytes: what-if only: the most bytes that blocks waiting on ``record_stream``
             events held when a request came (what their completion timing may move).
         open_bytes: what-if only: the most bytes the requests whose pool the trace leaves open
@@ -80,6 +83,10 @@ class Run:
     open_keys: frozenset = frozenset()
     live_keys: dict[int, int] = dataclasses.field(default_factory=dict)
     restores: int = 0
+    initial_extended: int = 0          # blocks from before the recording found longer than their request
+    # the trace records no free_requested (skip_actions): a freed block counts as allocated until
+    # its free completed, so the allocated figures are the GPU's active bytes, an upper bound
+    allocated_upper_bound: bool = False
     start_reserved: int = 0            # reserved and allocated bytes the recording started with
     start_allocated: int = 0
     finished: bool = True              # a what-if: no request failed that the recording served
@@ -108,6 +115,8 @@ class Run:
         out.update(final_reserved_bytes=self.final_reserved_bytes, final_allocated_bytes=self.final_allocated_bytes,
                    peak_reserved_bytes=self.peak_reserved_bytes, peak_allocated_bytes=self.peak_allocated_bytes,
                    oom_events=self.oom_events)
+        if self.allocated_upper_bound:
+            out["allocated_upper_bound"] = True
         if self.exact is not None:
             out.update(exact=self.exact, bound_bytes=self.bound_bytes, uncertain=list(self.uncertain),
                        peak_reserved_range_bytes=list(self.peak_reserved_range_bytes or ()),

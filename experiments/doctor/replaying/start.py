@@ -7,6 +7,13 @@ releases of segments it never created, and blocks in the final state that no eve
 those are the starting state. Ordinary segments get their live blocks and free gaps;
 expandable ranges are rebuilt from the final mapped runs, with the trace's maps taken away
 and its unmaps put back (walking it backwards).
+
+A block's size is its rounded request, unless the trace shows more: a large-pool block takes
+the whole free block it was cut from when at most 1 MiB would be left (RULES.md §A.7), so it
+may end up to 1 MiB after where its request says. A gap that short at a segment's end, or
+before the next live block, is that remainder; one before a free gap shows only where the
+GPU puts a later block at the gap's start plus that remainder (:func:`extension`, which the
+replay follows by replaying again with the block longer).
 """
 from __future__ import annotations
 
@@ -27,9 +34,27 @@ class StartState:
     bases: list[tuple[int, int, tuple[int, int]]] = dataclasses.field(default_factory=list)
     reserved: int = 0
     unsupported: str | None = None
+    # the free gaps of the large pool right after a live block: (gap start, gap end, block address)
+    gaps: list[tuple[int, int, int]] = dataclasses.field(default_factory=list)
 
 
-def starting_state(trace: Any, engine: Any) -> StartState:
+def extension(state: StartState, gpu_addr: int, extended: dict[int, int]) -> tuple[int, int] | None:
+    """Where the GPU put a block at ``gpu_addr`` and the model did not: if that address lies at
+    most 1 MiB into a free gap of the start state that follows a live block from before the
+    recording, that block was longer (the unsplit remainder of RULES.md §A.7: free blocks merge,
+    so the bytes between the block and ``gpu_addr`` can belong to nothing else).
+
+    Returns:
+        (block address, its size in bytes) to seed instead, or None when the address says
+        nothing about the start state (or that block was already extended).
+    """
+    for lo, hi, blk in state.gaps:
+        if lo < gpu_addr < hi and gpu_addr - lo <= SMALL_SIZE and blk not in extended:
+            return blk, gpu_addr - blk
+    return None
+
+
+def starting_state(trace: Any, engine: Any, extended: dict[int, int] | None = None) -> StartState:
     """The segments and blocks that existed before a late-started recording of ``trace`` (a
     :class:`~experiments.doctor.reading.trace.Trace`), put into ``engine`` (the replay's
     :class:`~experiments.doctor.model.engine.Engine`).
@@ -75,7 +100,7 @@ def starting_state(trace: Any, engine: Any) -> StartState:
     if not init_segs and not init_blocks and not final_blocks:
         return state
     if trace.config.expandable_segments:
-        _seed_ranges(trace, engine, state, init_blocks, final_blocks)
+        _seed_ranges(trace, engine, state, init_blocks, final_blocks, extended)
         return state
     cfg = trace.config
     for base in sorted(init_segs):
@@ -95,8 +120,13 @@ def starting_state(trace: Any, engine: Any) -> StartState:
             blocks.sort()
             for k, (a, n, req) in enumerate(blocks):
                 end = blocks[k + 1][0] if k + 1 < len(blocks) else base + size
-                if 0 < end - (a + n) <= SMALL_SIZE:
-                    blocks[k] = (a, end - a, req)
+                if a in extended:
+                    n = extended[a]
+                elif 0 < end - (a + n) <= SMALL_SIZE:
+                    n = end - a
+                blocks[k] = (a, n, req)
+                if end > a + n:
+                    state.gaps.append((a + n, end, a))
         made = engine.seed_segment(base, size, stream, pool, small, blocks)
         state.bases.append((base, size, pool))
         state.reserved += size
@@ -105,20 +135,23 @@ def starting_state(trace: Any, engine: Any) -> StartState:
 
 
 def _seed_ranges(trace: Any, engine: Any, state: "StartState", init_blocks: dict[int, tuple[int, int]],
-                 final_blocks: dict[int, tuple[int, int]]) -> None:
+                 final_blocks: dict[int, tuple[int, int]], extended: dict[int, int]) -> None:
     """Expandable segments at the start: the final mapped runs, with the trace's maps taken
     away and its unmaps put back (walking it backwards), grouped into one range per
     (stream, pool); a range's base is taken as its lowest mapped address."""
     eng, ev = engine, trace.events
     groups: list[dict[str, Any]] = []
 
-    def find(addr: int, stream: int) -> dict[str, Any] | None:
-        return next((g for g in groups if g["stream"] == stream and abs(addr - g["base"]) < g["size"]), None)
+    def find(addr: int, stream: int, small: bool) -> dict[str, Any] | None:
+        # the small and the large pool each reserve a range of their own (RULES.md §C.1), both
+        # about 1.125 x the device's memory: two ranges of one stream may lie closer than that
+        return next((g for g in groups if g["stream"] == stream and g["small"] == small
+                     and abs(addr - g["base"]) < g["size"]), None)
 
     for s in sorted((s for s in trace.segments if s["is_expandable"]), key=lambda s: s["address"]):
-        g = find(s["address"], s["stream"])
+        small = s["pool"] == "small"
+        g = find(s["address"], s["stream"], small)
         if g is None:
-            small = s["pool"] == "small"
             g = {"base": s["address"], "size": eng.range_size(small), "stream": s["stream"],
                  "pool": s["pool_id"], "small": small, "pages": set()}
             groups.append(g)
@@ -126,9 +159,9 @@ def _seed_ranges(trace: Any, engine: Any, state: "StartState", init_blocks: dict
     for code, addr, size, stream in reversed(ev):
         if code not in (SEG_MAP, SEG_UNMAP):
             continue
-        g = find(addr, stream)
+        small = size % LARGE_BUFFER != 0          # a large range maps whole 20 MiB pages
+        g = find(addr, stream, small)
         if g is None:
-            small = size % LARGE_BUFFER != 0
             g = {"base": addr, "size": eng.range_size(small), "stream": stream, "pool": DEFAULT_POOL,
                  "small": small, "pages": set()}
             groups.append(g)
@@ -149,6 +182,7 @@ def _seed_ranges(trace: Any, engine: Any, state: "StartState", init_blocks: dict
                   if a in g["pages"] or (a // SMALL_BUFFER) * SMALL_BUFFER in g["pages"]]
         inside += [(a, n, req) for a, (n, req) in final_blocks.items()
                    if (a // SMALL_BUFFER) * SMALL_BUFFER in g["pages"]]
+        inside = [(a, extended.get(a, n), req) for a, n, req in inside]
         made = eng.seed_segment(base, g["size"], g["stream"], g["pool"], g["small"], inside, expandable=True,
                                 mapped=runs)
         state.bases.append((base, g["size"], g["pool"]))
