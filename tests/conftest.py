@@ -56,6 +56,42 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def _timed(phase):
+    """A hook wrapper that appends the phase's wall and CPU seconds (this process's, and those of
+    its children that ended meanwhile: notebook kernels, sandboxes, subprocesses) to the file
+    named by CUDA_MEMLAB_TEST_TIMES, one JSON line per test and phase (``python -m tests.times
+    FILE`` sums them). On a shared, loaded machine the CPU seconds say what a test costs, the
+    wall seconds mostly how busy the machine was."""
+    @pytest.hookimpl(hookwrapper=True)
+    def hook(item, *args):
+        out = os.environ.get("CUDA_MEMLAB_TEST_TIMES")
+        if not out:
+            yield
+            return
+        import json
+        import resource
+        import time
+
+        def cpu():
+            me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+            return me.ru_utime + me.ru_stime, kids.ru_utime + kids.ru_stime
+
+        t0, (s0, c0) = time.perf_counter(), cpu()
+        yield
+        t1, (s1, c1) = time.perf_counter(), cpu()
+        line = json.dumps({"test": item.nodeid, "phase": phase, "wall": round(t1 - t0, 3),
+                           "cpu": round(s1 - s0, 3), "children_cpu": round(c1 - c0, 3),
+                           "worker": os.environ.get("PYTEST_XDIST_WORKER", "main")})
+        with open(out, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+    return hook
+
+
+pytest_runtest_setup = _timed("setup")
+pytest_runtest_call = _timed("call")
+pytest_runtest_teardown = _timed("teardown")
+
+
 @pytest.fixture
 def recorded_mode(monkeypatch):
     """Force recorded mode, whatever GPU the test machine has."""
