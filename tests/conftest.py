@@ -37,8 +37,19 @@ def pytest_xdist_make_scheduler(config, log):
     return make_scheduler(config, log)
 
 
+# Fixtures that execute notebooks (the `slow` marker's definition) but live in modules that are
+# not marked slow as a whole: a test that uses one is slow, so that the developer loop
+# (-m "not slow") does not wait for a graded class. test_grading.py's `submissions` grades a
+# class of notebooks in sandboxes, some of them until their time limit (157 s of wall time in a
+# worker of the loop on the shared machine at load 10-25, for about 1 s of CPU in the worker).
+NOTEBOOK_FIXTURES = frozenset({"submissions"})
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if NOTEBOOK_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
     # In xdist's workers: the costliest work first (longest first, as a scheduler would), so that
     # no worker is left with a long test at the end while the other idles. A stable sort, the
     # same in every worker; a module that runs whole stays together. A run without xdist keeps
