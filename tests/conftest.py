@@ -69,7 +69,7 @@ def pytest_collection_modifyitems(config, items):
 
 def _timed(phase):
     """A hook wrapper that appends the phase's wall and CPU seconds (this process's, and those of
-    its children that ended meanwhile: notebook kernels, sandboxes, subprocesses) to the file
+    its children that ended meanwhile: notebook kernels, subprocesses; not sandboxed ones) to the file
     named by CUDA_MEMLAB_TEST_TIMES, one JSON line per test and phase (``python -m tests.times
     FILE`` sums them). On a shared, loaded machine the CPU seconds say what a test costs, the
     wall seconds mostly how busy the machine was."""
