@@ -48,13 +48,11 @@ book: notebooks pyodide
 	CUDA_MEMLAB_STATIC=1 CUDA_MEMLAB_MODE=$(BOOK_MODE) $(BIN)/jupyter-book build . --warningiserror --keep-going
 	@echo "The book is at file://$(CURDIR)/_build/html/index.html"
 
-# A build for students: exercise solutions left out.
+# A build for students: exercise solutions and the instructors' page left out; only the pages,
+# the notebooks to hand out and the package's wheel land in _build/student (the build itself runs
+# in a private folder beside it). A course that hosts the wheel: make book-student PACKAGE_URL=https://...
 book-student: notebooks pyodide
-	$(PY) scripts/student_edition.py config > $(VENV)/student_config.yml
-	CUDA_MEMLAB_STATIC=1 CUDA_MEMLAB_MODE=$(BOOK_MODE) $(BIN)/jupyter-book build . --config $(VENV)/student_config.yml --path-output _build/student --warningiserror --keep-going
-	$(PY) scripts/student_edition.py notebooks _build/student/notebooks
-	@echo "The student book is at file://$(CURDIR)/_build/student/_build/html/index.html"
-	@echo "Notebooks without solutions, to hand out: $(CURDIR)/_build/student/notebooks"
+	CUDA_MEMLAB_MODE=$(BOOK_MODE) $(PY) scripts/student_edition.py build _build/student $(if $(PACKAGE_URL),--package-url $(PACKAGE_URL))
 
 # The browser tests drive Debian's chromium (no browser download); CI runs as root, elsewhere
 # sudo is used if there is one. Another Chromium-based browser: make test CHROMIUM=/path/to/it

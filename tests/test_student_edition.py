@@ -33,10 +33,11 @@ def test_student_notebooks_have_every_exercise_and_no_solution(tmp_path):
         text = "\n".join(c.source for c in student.cells)
         assert "{solution}" not in text and "<summary>Solution" not in text
         assert text.count("### Exercise ") == "\n".join(c.source for c in original.cells).count("### Exercise ")
-        # every code cell is handed out; only the set-up cell changes (it names the edition)
+        # every code cell is handed out; only the set-up cell changes (it installs the package's
+        # wheel and names the edition)
         theirs = [c.source for c in student.cells if c.cell_type == "code"]
         ours = [c.source for c in original.cells if c.cell_type == "code"]
-        assert sorted(theirs[1:]) == sorted(ours[1:]) and theirs[0].startswith(ours[0])
+        assert sorted(theirs[1:]) == sorted(ours[1:]) and theirs[0].startswith(student_edition.setup_source())
         assert 'os.environ["CUDA_MEMLAB_EDITION"] = "student"' in theirs[0]
 
 
@@ -93,3 +94,15 @@ def test_student_config_hides_solutions_and_the_ways_to_the_full_notebooks():
     assert config["sphinx"]["config"]["memlab_student"] is True      # the extension drops the button
     assert config["sphinx"]["config"]["html_copy_source"] is False   # no _sources/ with solutions
     assert config["html"]["use_repository_button"] is False and config["html"]["use_issues_button"] is False
+
+
+def test_handed_out_notebooks_install_the_package_not_the_repository(tmp_path):
+    """Issue 27: the handed-out notebooks' set-up cell installed from the repository, whose
+    notebooks keep their solutions. It must name the package only (its wheel), never the
+    repository, the full book, or a git URL."""
+    addresses = student_edition.full_book_addresses()
+    for path in student_edition.write_notebooks(tmp_path):
+        nb = nbformat.read(path, as_version=4)
+        [setup] = [c for c in nb.cells if "colab-setup" in c.metadata.get("tags", [])]
+        assert "git+" not in setup.source and not any(a in setup.source for a in addresses), (path.name, setup.source)
+        assert "cuda_memory_lab-" in setup.source and ".whl" in setup.source, setup.source

@@ -114,12 +114,24 @@ def _index_terms(root) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def student_site(built_book, tmp_path_factory):
-    """The student edition, built with the full book's execution cache (no second execution)."""
-    from tests.bookbuild import build_book
+def student_build(built_book, tmp_path_factory):
+    """Everything `make book-student` writes (pages, handed-out notebooks, the package's wheel),
+    built with the full book's execution cache (no second execution)."""
+    import importlib.util
+    import subprocess
+    import sys
 
-    out = build_book(tmp_path_factory.mktemp("student"), student=True, cache=built_book / ".jupyter_cache")
-    return out / "_build" / "html"
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "sync_notebooks.py")], check=True, cwd=ROOT,
+                   capture_output=True)
+    spec = importlib.util.spec_from_file_location("student_edition", ROOT / "scripts" / "student_edition.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.build(tmp_path_factory.mktemp("student") / "student", cache=built_book / ".jupyter_cache")
+
+
+@pytest.fixture(scope="module")
+def student_site(student_build):
+    return student_build / "_build" / "html"
 
 
 def test_solution_probes_are_found_in_the_full_book(site):
@@ -230,3 +242,50 @@ def test_student_site_has_no_way_to_the_full_book_or_the_repository(student_site
         assert not [h for h in hrefs if any(f in h for f in full)], (page.name, [h for h in hrefs if any(f in h for f in full)])
         assert not any(f in text for f in full), f"{page.name} names the repository or the full book"
         assert "Source repository" not in text and "Open an issue" not in text, page.name
+
+
+# ----------------------------------------------------------------------------- the whole student folder (issue 27)
+
+def _all_text(path) -> str:
+    """What a file holds as text a reader could find: pages and notebooks as text, a wheel or a
+    zip through its members, anything else decoded as it is."""
+    import zipfile
+
+    if path.suffix in (".whl", ".zip"):
+        with zipfile.ZipFile(path) as z:
+            return " ".join(_plain(z.read(n).decode("utf-8", "replace")) for n in z.namelist())
+    if path.suffix in (".html", ".ipynb"):
+        try:
+            return _file_text(path)
+        except ValueError:
+            pass
+    return _plain(path.read_bytes().decode("utf-8", "replace"))
+
+
+def test_nothing_under_the_student_build_holds_a_solution(student_build):
+    """Issue 27: _build/student/_build/jupyter_execute/ held every solution beside the clean
+    pages and notebooks: zipping _build/student handed them out. Every file under the student
+    folder, whatever its kind (pages, notebooks, caches, the wheel), is searched."""
+    probes = solution_probes()
+    files = [p for p in student_build.rglob("*") if p.is_file()]
+    assert any(p.suffix == ".html" for p in files) and any(p.suffix == ".ipynb" for p in files)
+    # What an open book cannot hide: a solution line that is the package's own reference code
+    # (the fragmentation index, which the checks and the doctor compute) may be in the package
+    # itself (its wheel, the doctor's bundle for the browser), nowhere else.
+    package = " ".join(_plain(p.read_text()) for p in (ROOT / "experiments").rglob("*.py"))
+    open_book = {s for s in probes if s in package}
+    assert len(open_book) < 0.05 * len(probes), open_book
+    texts = {str(p.relative_to(student_build)): _all_text(p) for p in files}
+    leaks = [(name, s[:60]) for name, text in texts.items() for s in probes
+             if s in text and not (name.endswith((".whl", ".zip")) and s in open_book)]
+    assert not leaks, f"{len(leaks)} solution lines under the student folder: {leaks[:10]}"
+    assert any(p.suffix == ".whl" for p in files), "no wheel of the package to hand out"
+
+
+def test_the_instructors_page_is_only_in_the_full_book(site, student_site):
+    """Issue 27: the instructors' page (grading, the sandbox, what the checks recompute) was
+    built and linked in the student edition."""
+    assert (site["dir"] / "book" / "instructors.html").exists()
+    assert not list(student_site.rglob("instructors*")), list(student_site.rglob("instructors*"))
+    for page in student_site.rglob("*.html"):
+        assert "instructors.html" not in page.read_text(), page.name

@@ -37,6 +37,7 @@ import dataclasses
 import io
 import json
 import os
+import secrets
 import sys
 import threading
 import time
@@ -49,12 +50,13 @@ import nbformat
 from ..core.checks import Exercise, Feedback, ReportError, graded_feedback
 from ..core.files import write_atomic  # noqa: F401  (the grades file: one home for atomic writes)
 from . import wire
-from .notebooks import Plan, Unreadable, find_notebooks, notebook_exercises, plan, read_notebook
+from .notebooks import (Plan, Unreadable, clean_text, display_name, find_notebooks, notebook_chapter,
+                        notebook_exercises, plan, read_notebook)
 from .sandbox import Limits, Outcome, Sandbox, request_bytes, rlimits
 
 STATUSES = ("correct", "wrong", "unanswered", "missing", "error", "timeout", "memory", "output limit", "killed",
             "unreadable", "needs_gpu")
-COLUMNS = ("notebook", "exercise", "score", "max_score", "status", "feedback")
+COLUMNS = ("notebook", "chapter", "exercise", "score", "max_score", "status", "feedback")
 TOTAL = "total"
 SETUP = "import experiments.grading.capture as _memlab_grader"
 RUNNER = os.path.join(os.path.dirname(os.path.realpath(__file__)), "runner.py")
@@ -64,9 +66,11 @@ HARNESS = "experiments.grading.harness"
 @dataclasses.dataclass(frozen=True)
 class Row:
     """One line of the grades: an exercise of a notebook, or its total (``exercise='total'``,
-    empty status, or ``unreadable``). Points are floats; ``feedback`` is one line."""
+    empty status, or ``unreadable``). ``chapter``: the chapter the notebook is graded on
+    (None when it could not be read). Points are floats; ``feedback`` is one line."""
 
     notebook: str
+    chapter: int | None
     exercise: str
     score: float
     max_score: float
@@ -80,8 +84,14 @@ class Row:
 def _text(value: Any, limit: int = 160) -> str:
     """Student-controlled text for a row: one line, printable, bounded."""
     s = " ".join(str(value).split())
-    s = "".join(ch for ch in s if ch.isprintable())
+    s = clean_text("".join(ch for ch in s if ch.isprintable()))
     return s[:limit] + ("..." if len(s) > limit else "")
+
+
+def _type_name(e: BaseException | str) -> str:
+    """An exception's type name as a row may show it (an identifier, never a message)."""
+    name = e if isinstance(e, str) else type(e).__name__
+    return "".join(ch for ch in name if ch.isalnum() or ch in "._")[:60] or "Exception"
 
 
 def _is_memory(error: Mapping[str, str]) -> bool:
@@ -177,24 +187,27 @@ class Grader:
     def grade_notebook(self, path: str | os.PathLike[str], *, name: str | None = None) -> list[Row]:
         """One row per exercise of the notebook's chapter, then its total; or a single
         ``unreadable`` row. Never raises for anything the submission does; a failure of the
-        grader itself becomes an ``error`` row that says so (and a traceback on stderr)."""
+        grader itself becomes an ``error`` row that says so, with its exception's type only
+        (never text a submission could have put there), and a traceback on stderr.
+
+        ``name``: the notebook column (default: the path, shown safely, :func:`.notebooks.display_name`)."""
         path = Path(path)
-        nb_name = name if name is not None else str(path)
+        nb_name = clean_text(name) if name is not None else display_name(path)
         deadline = time.monotonic() + self.limits.timeout_s
         try:
             return self._grade(path, nb_name, deadline)
         except Exception as e:  # our bug: reported as one, for this notebook only
-            traceback.print_exc(file=sys.stderr)
-            return [Row(nb_name, TOTAL, 0.0, 0.0, "error",
-                        f"the grader failed on this notebook (a bug in the grader, please report it): "
-                        f"{type(e).__name__}: {_text(e, 120)}")]
+            _print_bug(f"grading {nb_name}")
+            return [Row(nb_name, None, TOTAL, 0.0, 0.0, "error",
+                        f"the grader failed on this notebook (a bug in the grader, please report it): {_type_name(e)}")]
 
     def _grade(self, path: Path, nb_name: str, deadline: float) -> list[Row]:
         try:
             nb = read_notebook(path, max_bytes=int(self.limits.notebook_mib) << 20)
+            chapter, refused = notebook_chapter(nb)
             exs = notebook_exercises(nb)
         except Unreadable as e:
-            return [Row(nb_name, TOTAL, 0.0, 0.0, "unreadable", str(e))]
+            return [Row(nb_name, None, TOTAL, 0.0, 0.0, "unreadable", str(e))]
         plans = plan(nb, exs)
         run = self._execute(nb, plans, deadline)
         results: dict[str, tuple[str, str, str]] = {}
@@ -213,13 +226,17 @@ class Grader:
             points = 0.0 if (p.ex.needs_gpu and not self.live) else float(p.ex.points)
             # the check's own message can echo the student's answer: one line, bounded
             shown = _text(full, 1000) if (self.feedback == "full" and full) else text
-            rows.append(Row(nb_name, p.ex.label, points if status == "correct" else 0.0, points, status, shown))
+            rows.append(Row(nb_name, chapter, p.ex.label, points if status == "correct" else 0.0, points, status, shown))
         counts = {s: sum(r.status == s for r in rows) for s in STATUSES}
         summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+        if refused:
+            summary += (f"; check cells of chapter{'s' if len(refused) > 1 else ''} {', '.join(map(str, refused))} "
+                        f"not graded (this notebook is chapter {chapter}'s)")
         stop = self._stop_reason(run)
         if stop:
             summary += f"; stopped early: {stop}"
-        rows.append(Row(nb_name, TOTAL, sum(r.score for r in rows), sum(r.max_score for r in rows), "", summary))
+        rows.append(Row(nb_name, chapter, TOTAL, sum(r.score for r in rows), sum(r.max_score for r in rows), "",
+                        summary))
         return rows
 
     def _execute(self, nb: nbformat.NotebookNode, plans: Sequence[Plan], deadline: float) -> _Run | None:
@@ -284,6 +301,8 @@ class Grader:
                                         "exercise finished")
             if why == "kernel died":
                 sig = run.stopped.get("signal")
+                if run.outcome.group_oom:
+                    return "memory", self._group_memory_text()
                 if sig == 9:
                     return "killed", "the kernel was killed (signal 9) before this exercise finished"
                 if sig == 24:
@@ -292,6 +311,8 @@ class Grader:
             if why == "kernel did not start":
                 return "error", f"the notebook's kernel did not start in the sandbox ({_text(run.stopped.get('detail', ''), 120)})"
         o = run.outcome
+        if o.group_oom:
+            return "memory", self._group_memory_text()
         if o.timed_out:
             return "timeout", f"the notebook's time limit ({self.limits.timeout_s:g} s) ran out before this exercise finished"
         if o.too_much_output:
@@ -341,54 +362,87 @@ class Grader:
     def _memory_text(self) -> str:
         return f"its cell ran out of memory (the limit is {self.limits.memory_mib:g} MiB per process)"
 
+    def _group_memory_text(self) -> str:
+        return (f"the notebook's processes together ran out of memory before this exercise finished (the limit is "
+                f"{self.limits.group_mib(live=self.live):g} MiB for all of them)")
+
     def _verdict(self, ex: Exercise, decide: Callable[[], Feedback]) -> tuple[str, str, str]:
         try:
             with self._score_lock:
                 fb = decide()
         except ReportError as e:
             return "error", f"its function's run returned data no harness returns ({_text(e, 100)})", ""
-        except Exception as e:  # the check failed on plain data: ours to fix
-            traceback.print_exc(file=sys.stderr)
-            return "error", (f"the check failed on this answer (a bug in the grader, please report it): "
-                             f"{type(e).__name__}: {_text(e, 100)}"), ""
+        except Exception as e:  # the check failed on plain data: ours to fix (its message may quote the answer)
+            _print_bug(f"checking {ex.label}")
+            return "error", f"the check failed on this answer (a bug in the grader, please report it): {_type_name(e)}", ""
         status = {True: "correct", False: "wrong", None: "unanswered"}[fb.correct]
         return status, graded_feedback(fb), fb.message
 
     def _function(self, ex: Exercise, fn: wire.FunctionAnswer, deadline: float) -> tuple[str, str, str]:
-        """Run a function answer through its harness in a fresh sandbox; judge what comes back."""
+        """Run a function answer through its harness in a fresh sandbox (the harness measures
+        there; the function runs in a child with nothing of the harness's); judge what the
+        harness reports, after checking the facts the grader can: the line carries the nonce of
+        this run, and a GPU exercise graded live ran where the harness itself saw a GPU."""
         seconds = deadline - time.monotonic()
         if seconds < 2:
             return "timeout", "the time limit ran out before this exercise's function was run", ""
-        request = {"label": ex.label, "function": fn.record,
+        nonce = secrets.token_hex(16)
+        request = {"label": ex.label, "function": fn.record, "nonce": nonce, "gpu_exercise": bool(ex.needs_gpu),
                    "limits": rlimits(self.limits, live=self.live, seconds=seconds)}
         outcome = self.sandbox.run([], request_bytes(request), seconds=seconds, limits=self.limits, module=HARNESS,
                                    max_output=4 << 20)
-        events = []
+        results = []
         for line in outcome.lines:
             try:
                 ev = wire.loads(line, max_bytes=4 << 20)
             except wire.WireError:
                 continue
-            if isinstance(ev, dict) and ev.get("event") in ("report", "rebuild", "raised", "bug"):
-                events.append(ev)
-        if len(events) != 1:
+            if isinstance(ev, dict) and ev.get("event") == "result":
+                results.append(ev)
+        ours = [ev for ev in results if ev.get("nonce") == nonce]
+        if len(results) != 1 or len(ours) != 1:
             if outcome.timed_out:
                 return "timeout", f"running the submitted function took past the time limit ({self.limits.timeout_s:g} s)", ""
-            if events:
-                return "error", "running the submitted function gave several results", ""
+            if outcome.group_oom:
+                return "memory", "running the submitted function ran out of the memory its sandbox may use", ""
+            if results:
+                return "error", "running the submitted function gave no result the grader can trust", ""
             if outcome.returncode is not None and outcome.returncode < 0:
                 return "killed", f"running the submitted function was killed (signal {-outcome.returncode})", ""
-            return "error", (f"running the submitted function gave no result "
-                             f"({outcome.last_error_line() or f'exit status {outcome.returncode}'})"), ""
-        ev = events[0]
-        if ev["event"] == "rebuild":
+            return "error", f"running the submitted function gave no result (exit status {outcome.returncode})", ""
+        ev = ours[0]
+        kind = ev.get("kind")
+        if kind == "rebuild":
             return "error", f"the submitted function could not be rebuilt: {_text(ev.get('why'), 120)}", ""
-        if ev["event"] == "raised":
-            return "error", f"running the submitted function raised {_text(ev.get('why'), 60)}", ""
-        if ev["event"] == "bug":
-            return "error", f"the exercise's harness failed (a bug in the grader, please report it): {_text(ev.get('why'), 120)}", ""
+        if kind == "raised":
+            return "error", f"running the submitted function raised {_type_name(str(ev.get('why')))}", ""
+        if kind == "ended":
+            status = ev.get("status")
+            if outcome.group_oom:
+                return "memory", "running the submitted function ran out of the memory its sandbox may use", ""
+            how = f"signal {-status}" if isinstance(status, int) and status < 0 else f"exit status {status}"
+            return "error", f"the submitted function ended its own process while it ran ({how})", ""
+        if kind == "protocol":
+            return "error", "the submitted function wrote over the channel the grader calls it through", ""
+        if kind == "bug":
+            return "error", (f"the exercise's harness failed (a bug in the grader, please report it): "
+                             f"{_type_name(str(ev.get('why')))}"), ""
+        if kind != "report":
+            return "error", "running the submitted function gave no result the grader can trust", ""
         report = ev.get("report")
+        if ex.needs_gpu and self.live and not (ev.get("gpu") is True and isinstance(report, Mapping)
+                                                and report.get("gpu") is True):
+            return "error", ("the grader's harness saw no GPU in the sandbox, so this exercise was not judged: check "
+                             "that the GPU works here (nvidia-smi) and grade again"), ""
         return self._verdict(ex, lambda: ex.judge(report))
+
+
+def _print_bug(what: str) -> None:
+    """A grader bug's traceback on stderr, with control characters stripped (its messages may
+    hold text from a submission, which must not drive the instructor's terminal)."""
+    text = traceback.format_exc()
+    sys.stderr.write(f"a bug in the grader while {clean_text(what)}:\n"
+                     + "\n".join(clean_text(line) for line in text.splitlines()) + "\n")
 
 
 # ----------------------------------------------------------------------------- a class
@@ -434,7 +488,7 @@ def grade(submissions: Sequence[str | os.PathLike[str]], *, jobs: int = 1, timeo
             rows = grader.grade_notebook(p)
             if progress:
                 total = rows[-1]
-                progress(f"[{i + 1}/{len(paths)}] {p}: {total.score:g}/{total.max_score:g} "
+                progress(f"[{i + 1}/{len(paths)}] {total.notebook}: {total.score:g}/{total.max_score:g} "
                          f"{total.status or ''}{' ' if total.status else ''}({time.monotonic() - t0:.0f} s)")
             return rows
 
@@ -461,22 +515,31 @@ def grade_notebook(path: str | os.PathLike[str], *, timeout_s: float = 600.0, li
         ValueError: timeout_s <= 0 or an unknown feedback style.
     """
     rows = grade([path], timeout_s=timeout_s, live=live, feedback=feedback, unsafe=unsafe)
-    return [dataclasses.replace(r, notebook=name) for r in rows] if name is not None else rows
+    return [dataclasses.replace(r, notebook=clean_text(name)) for r in rows] if name is not None else rows
 
 
 # ----------------------------------------------------------------------------- output
 
-def _cell(value: str) -> str:
-    # a spreadsheet runs a cell that starts with one of these as a formula
-    return "'" + value if value[:1] in ("=", "+", "-", "@") else value
+# A spreadsheet runs a cell that starts with one of these as a formula (and fullwidth forms
+# some of them read the same way); a tab or a carriage return before one is skipped by some.
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r", "\uff1d", "\uff0b", "\uff0d", "\uff20")
+
+
+def _cell(value: Any) -> str:
+    """A CSV cell: control characters stripped (no line starts inside a cell), and a cell
+    that would start a formula prefixed with a quote."""
+    text = clean_text(str(value))
+    return "'" + text if text.lstrip(" ").startswith(FORMULA_STARTS) else text
 
 
 def rows_to_csv(rows: Sequence[Row]) -> str:
+    """The rows as CSV, one line per row, with :data:`COLUMNS`; every cell guarded (:func:`_cell`)."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(COLUMNS)
     for r in rows:
-        w.writerow([_cell(r.notebook), r.exercise, f"{r.score:g}", f"{r.max_score:g}", r.status, _cell(r.feedback)])
+        w.writerow([_cell(r.notebook), "" if r.chapter is None else str(r.chapter), _cell(r.exercise),
+                    f"{r.score:g}", f"{r.max_score:g}", _cell(r.status), _cell(r.feedback)])
     return buf.getvalue()
 
 

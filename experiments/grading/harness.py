@@ -1,107 +1,89 @@
 """Inside a fresh sandbox: run one function answer through its exercise's harness
-(``python -m experiments.grading.harness``).
+(``python -m experiments.grading.harness``), the harness in this process and the student's
+function in a child of its own.
 
 The request (JSON on stdin): the exercise's label, the function's record (its source and
-the globals it uses, :func:`.capture.function_record`) and the limits. This process loads
-the installed package first, then rebuilds the student's function from its source and calls
-``exercise.harness(fn)``, which calls it on the check's own inputs and returns what happened
-as plain data. That data is the one line this process writes; the verdict is the grader's
-(``exercise.judge``, in its own process).
+the globals it uses, :func:`.capture.function_record`), the limits and a nonce. This
+process (the grader's code only, non-dumpable) starts the child first
+(:class:`.remote.Answer`: no descriptor of this process's, its standard streams on
+``/dev/null``), loads the installed package, has the child rebuild the function from its
+source, and then runs ``exercise.harness(fn)`` here, with a stand-in for ``fn`` that calls the
+child. For the exercises that run on the GPU, the child's torch calls run here too, so every
+measurement the harness makes (syncs, time, memory, data on the device) is of this
+process's own work.
 
-The student's function runs in this process, so it could write a line of its own or end
-the process early: it then gets an error, or the verdict on whatever plain data it wrote
-(its own outputs, which is what it answers anyway). Output the function prints goes nowhere.
+This process alone writes the one line the grader reads: the nonce it was given, whether it
+saw a GPU itself, and what happened (``kind``): ``report`` (the harness's plain data, which
+the exercise's judge turns into the verdict in the grader's process), ``rebuild`` (the source
+does not define the function), ``raised`` (the student's code raised outside what the harness
+records), ``ended`` (the child ended during a call), ``protocol`` (the child wrote something
+that is not the wire), or ``bug`` (this harness failed: only its exception's type is sent).
 """
 from __future__ import annotations
 
-import builtins
-import importlib
 import json
-import linecache
 import os
 import sys
-import types
-from typing import Any, Callable
+import time
+from typing import Any
 
 
-class RebuildError(ValueError):
-    """The submitted function cannot be rebuilt from its source (the student's code)."""
-
-
-def rebuild(record: dict[str, Any], ns: dict[str, Any] | None = None) -> Callable[..., Any]:
-    """The function a record describes, compiled from its source with its globals.
-
-    Raises:
-        RebuildError: its source does not compile or run, or defines no function.
-    """
-    space = ns if ns is not None else {"__name__": "__answer__", "__builtins__": builtins}
-    for name, entry in record["globals"].items():
-        (kind, value), = entry.items()
-        try:
-            if kind == "module":
-                space[name] = importlib.import_module(value)
-            elif kind == "import":
-                obj: Any = importlib.import_module(value[0])
-                for part in value[1].split("."):
-                    obj = getattr(obj, part)
-                space[name] = obj
-            elif kind == "function":
-                space[name] = rebuild(value, space)
-            else:
-                space[name] = value
-        except RebuildError:
-            raise
-        except Exception as e:  # a module or name that does not exist here: the function may not need it
-            space.pop(name, None)
-            sys.stderr.write(f"global {name}: {type(e).__name__}\n")
-    filename = f"<answer {record['name']}>"
-    source = record["source"]
-    # inspect.getsource must find it (the sync-free check scans the source)
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    before = {k: id(v) for k, v in space.items()}
-    try:
-        exec(compile(source, filename, "exec"), space)  # noqa: S102 - the sandbox is the point
-    except Exception as e:
-        raise RebuildError(f"its source raised {type(e).__name__} when defined") from None
-    fn = space.get(record["name"])
-    if record["name"] != "<lambda>" and isinstance(fn, types.FunctionType):
-        return fn
-    new = [v for k, v in space.items() if isinstance(v, types.FunctionType) and before.get(k) != id(v)]
-    if not new:
-        raise RebuildError(f"its source defines no function {record['name']!r}")
-    return new[-1]
+def _name(value: Any) -> str:
+    return "".join(ch for ch in str(value) if ch.isalnum() or ch in "._")[:60] or "Exception"
 
 
 def main() -> int:
-    from .sandbox import apply_limits
-    from .wire import NotPlain, to_plain
+    from .sandbox import apply_limits, nondumpable
 
+    nondumpable()
     request = json.loads(sys.stdin.buffer.read())
     apply_limits(request["limits"])
     os.makedirs(os.path.join(os.environ["HOME"], "tmp"), exist_ok=True)
     out = os.fdopen(os.dup(1), "w")
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
-    os.dup2(devnull, 2)  # what the student's function prints goes nowhere
 
-    from ..core import registry
-    from ..core.checks import EXERCISES
+    from .remote import Answer, AnswerEnded, AnswerProtocolError, AnswerRaised, Rebuild
+    from .wire import NotPlain, to_plain
 
-    registry.load_chapters()
-    ex = EXERCISES[request["label"]]
+    answer = None
+    gpu = False
+    t0 = time.monotonic()
     try:
-        fn = rebuild(request["function"])
-        report = to_plain(ex.harness(fn))
-        line = {"event": "report", "report": report}
-    except RebuildError as e:
-        line = {"event": "rebuild", "why": str(e)[:200]}
-    except NotPlain as e:
-        line = {"event": "bug", "why": f"the harness returned data that is not plain ({e})"}
-    except Exception as e:  # raised around the student's code, outside what the harness catches
-        line = {"event": "raised", "why": type(e).__name__}
+        # the child starts, and rebuilds the function, while this process loads the chapters
+        answer = Answer(remote_torch=bool(request.get("gpu_exercise")))
+        answer.begin_load(request["function"])
+        from ..core import registry
+        from ..core.checks import EXERCISES
+        from ..core.device import has_cuda
+
+        registry.load_chapters()
+        ex = EXERCISES[request["label"]]
+        gpu = bool(has_cuda())
+        fn = answer.end_load()
+        result: dict[str, Any] = {"kind": "report", "report": to_plain(ex.harness(fn))}
+    except Rebuild as e:
+        result = {"kind": "rebuild", "why": str(e)[:200]}
+    except AnswerRaised as e:   # raised by the student's code outside what the harness records
+        result = {"kind": "raised", "why": _name(type(e).__name__)}
+    except AnswerEnded as e:
+        result = {"kind": "ended", "status": e.status if isinstance(e.status, int) else None}
+    except AnswerProtocolError:
+        result = {"kind": "protocol"}
+    except NotPlain:
+        result = {"kind": "bug", "why": "NotPlain"}
+    except Exception as e:  # this harness's own failure: its type only (its text may hold the student's)
+        import traceback
+
+        traceback.print_exc(limit=8)
+        result = {"kind": "bug", "why": _name(type(e).__name__)}
+    finally:
+        if answer is not None:
+            answer.close()
+    line = {"event": "result", "nonce": request.get("nonce"), "gpu": gpu, "seconds": time.monotonic() - t0, **result}
     out.write(json.dumps(line, allow_nan=True) + "\n")
     out.flush()
-    os._exit(0)  # no interpreter shutdown: the student's objects' finalizers do not run
+    os._exit(0)  # no interpreter shutdown: nothing of the answer's runs at exit here
 
 
 if __name__ == "__main__":

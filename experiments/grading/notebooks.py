@@ -1,24 +1,30 @@
-"""Submissions as notebooks: finding them, reading them within limits, and finding each
-exercise's check cell and the answer expressions of its check call.
+"""Submissions as notebooks: finding them, reading them within limits, naming them safely,
+and finding each exercise's check cell and the answer expressions of its check call.
 
 A check cell is the code cell tagged ``exercise: <label>`` in its metadata (the book's
-notebook generator tags them with :func:`tag_exercise_cells`), or failing that the first
-code cell that calls the exercise's check function. The answers are the arguments bound
-to the check's answer parameters (:class:`experiments.core.checks.Exercise`); other
-arguments (``result=``) are the check's own and ignored.
+notebook generator tags them with :func:`tag_exercise_cells`); untagged cells are never
+parsed. The answers are the arguments bound to the check's answer parameters
+(:class:`experiments.core.checks.Exercise`); other arguments (``result=``) are the check's
+own and ignored. A notebook is graded on one chapter, its own (:func:`notebook_chapter`).
 
-Everything here reads student-controlled text in the grader's own process, so every step
-is bounded before it starts: the file's size (``max_bytes``), and the size of a cell that
-is parsed as Python (:data:`MAX_PARSE_CHARS`); a cell that makes the parser fail in any way
-(a syntax error, or nesting deep enough to exhaust it) is a cell without a check call.
+Everything here reads student-controlled input in the grader's own process, so every step is
+bounded before it starts: a submission is opened without following links and read only if it
+is a regular file of its own within ``max_bytes``; a check cell is parsed only up to
+:data:`MAX_PARSE_CHARS`, with IPython's syntax masked line by line (:func:`python_source`:
+linear, where IPython's own transformer takes minutes on a cell of ``!`` lines); a cell that
+makes the parser fail in any way is a cell without a check call. What a row says about a file
+never quotes the file, and a file's name is shown through :func:`display_name`.
 """
 from __future__ import annotations
 
 import ast
 import dataclasses
+import errno
+import json
 import os
 import re
 import stat
+import unicodedata
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -29,6 +35,8 @@ from ..core.checks import EXERCISES, Exercise
 
 TAG = "exercise"  # cell metadata key: the exercise label of a check cell
 MAX_PARSE_CHARS = 64 * 1024  # a check cell is a few lines; larger cells are not parsed
+SUFFIX = ".ipynb"            # compared without case: Ch1.IPYNB is a notebook too
+SKIPPED_FOLDERS = (".ipynb_checkpoints", "__MACOSX")   # Jupyter's copies; a Mac archive's resource forks
 
 
 class GradeInputError(ValueError):
@@ -48,15 +56,30 @@ def exercises() -> dict[str, Exercise]:
 
 # ----------------------------------------------------------------------------- check calls
 
+# An IPython line that is not Python: a shell escape (!ls), a magic (%time, %%capture), help
+# (obj?), or an assignment from one (x = !ls). Only the start of a line (or what follows
+# `name =`) is looked at, so the masking is linear in the cell's length.
+_IPYTHON_LINE = re.compile(r"^(?P<indent>[ \t]*)(?:[!%?]|[\w.]+(?:\s*,\s*[\w.]+)*\s*=\s*[!%]|[\w.]+\?\??[ \t]*$)")
+
+
+def python_source(source: str) -> str:
+    """A cell's source with each IPython-only line replaced by ``pass`` at its indentation
+    (line numbers, and every other line, unchanged)."""
+    out = []
+    for line in source.split("\n"):
+        m = _IPYTHON_LINE.match(line)
+        out.append(line if m is None else (m.group("indent") or "") + "pass")
+    return "\n".join(out)
+
+
 def parse_cell(source: str) -> tuple[str, ast.Module] | None:
-    """A code cell as Python (IPython magics turned into calls): (the transformed source, its
-    tree), or None when it is too large to read or does not parse."""
+    """A code cell as Python (IPython-only lines masked, :func:`python_source`): (that source,
+    its tree), or None when it is too large to read or does not parse. Linear in the cell's
+    length, which is at most :data:`MAX_PARSE_CHARS`."""
     if not isinstance(source, str) or len(source) > MAX_PARSE_CHARS:
         return None
-    from IPython.core.inputtransformer2 import TransformerManager
-
+    text = python_source(source)
     try:
-        text = TransformerManager().transform_cell(source)
         return text, ast.parse(text)
     except Exception:  # SyntaxError, and what hostile nesting makes the parser raise (RecursionError, MemoryError)
         return None
@@ -127,10 +150,41 @@ def tag_exercise_cells(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
 
 # ----------------------------------------------------------------------------- submissions
 
+def is_notebook_name(name: str) -> bool:
+    """Whether a file name ends with ``.ipynb``, in any case."""
+    return name.casefold().endswith(SUFFIX)
+
+
+def _walk(folder: Path) -> list[Path]:
+    """Every notebook name under ``folder``, not following links to folders (a link is
+    listed when its own name ends in .ipynb: it gets a row saying it is refused)."""
+    out: list[Path] = []
+    stack = [folder]
+    while stack:
+        d = stack.pop()
+        try:
+            entries = list(os.scandir(d))
+        except OSError:
+            continue
+        for e in entries:
+            try:
+                is_dir = e.is_dir(follow_symlinks=False)
+            except OSError:
+                is_dir = False
+            if is_dir:
+                if e.name not in SKIPPED_FOLDERS:
+                    stack.append(Path(e.path))
+            elif is_notebook_name(e.name) and not e.name.startswith("._"):
+                out.append(Path(e.path))
+    return sorted(out, key=lambda p: os.fsencode(p))
+
+
 def find_notebooks(submissions: Sequence[str | os.PathLike[str]]) -> list[Path]:
-    """The notebooks to grade: each SUBMISSION is a .ipynb file or a folder (searched
-    recursively, checkpoints left out), in the order given. Inside a folder, anything named
-    ``*.ipynb`` that is not a folder counts (a broken link or a pipe gets an ``unreadable`` row).
+    """The notebooks to grade: each SUBMISSION is a notebook (``.ipynb`` in any case) or a
+    folder, searched recursively without following links to folders (checkpoints and Mac
+    resource forks left out), in the order given. Inside a folder, anything named
+    ``*.ipynb`` that is not a folder counts: a link, a pipe or a broken file gets an
+    ``unreadable`` row.
 
     Raises:
         GradeInputError: nothing given, a path that does not exist, a file that is not a
@@ -142,82 +196,143 @@ def find_notebooks(submissions: Sequence[str | os.PathLike[str]]) -> list[Path]:
     for s in submissions:
         p = Path(s)
         if p.is_dir():
-            found = sorted(q for q in p.rglob("*.ipynb")
-                           if ".ipynb_checkpoints" not in q.parts and not q.is_dir())
+            found = _walk(p)
             if not found:
-                raise GradeInputError(f"SUBMISSION {str(p)!r} is a folder without any .ipynb notebook")
+                raise GradeInputError(f"SUBMISSION {display_name(p)!r} is a folder without any .ipynb notebook")
             out.extend(found)
         elif p.exists() or p.is_symlink():
-            if p.suffix != ".ipynb":
-                raise GradeInputError(f"SUBMISSION {str(p)!r} is not a notebook: expected a .ipynb file or a folder")
+            if not is_notebook_name(p.name):
+                raise GradeInputError(f"SUBMISSION {display_name(p)!r} is not a notebook: expected a .ipynb file or a folder")
             out.append(p)
         else:
-            raise GradeInputError(f"SUBMISSION {str(p)!r} does not exist")
+            raise GradeInputError(f"SUBMISSION {display_name(p)!r} does not exist")
     return out
 
 
 def read_notebook(path: Path, *, max_bytes: int) -> nbformat.NotebookNode:
-    """The notebook at ``path``, read only if it is a regular file of at most ``max_bytes``.
+    """The notebook at ``path``, opened without following a link, and read only if it is a
+    regular file with no other name (one hard link) of at most ``max_bytes``.
 
     Raises:
-        Unreadable: not a regular file (a pipe, a broken link), too large, not UTF-8 JSON, or
-            not a valid notebook.
+        Unreadable: a link, not a regular file (a pipe, a folder), a file with several
+            names, too large, not UTF-8 JSON, or not a valid notebook. The message never
+            quotes the file.
     """
     try:
-        st = os.stat(path)  # follows a link: what would be read
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError as e:
-        raise Unreadable(f"cannot read the file ({type(e).__name__})") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise Unreadable("not a regular file")
-    if st.st_size > max_bytes:
-        raise Unreadable(f"larger than the {max_bytes / 2**20:g} MiB a submission may have ({st.st_size / 2**20:.1f} MiB)")
+        if e.errno == errno.ELOOP or os.path.islink(path):
+            raise Unreadable("a link, not a file: submissions are read only from files of their own") from None
+        raise Unreadable(f"cannot read the file ({errno.errorcode.get(e.errno, 'OSError')})") from None
     try:
-        with open(path, "rb") as f:
-            raw = f.read(max_bytes + 1)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise Unreadable("not a regular file")
+        if st.st_nlink != 1:
+            raise Unreadable(f"a file with {st.st_nlink} names (hard links): submissions are read only from "
+                             "files of their own")
+        if st.st_size > max_bytes:
+            raise Unreadable(f"larger than the {max_bytes / 2**20:g} MiB a submission may have "
+                             f"({st.st_size / 2**20:.1f} MiB)")
+        chunks, size = [], 0
+        while size <= max_bytes:
+            chunk = os.read(fd, min(1 << 20, max_bytes + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
     except OSError as e:
-        raise Unreadable(f"cannot read the file ({type(e).__name__})") from None
+        raise Unreadable(f"cannot read the file ({errno.errorcode.get(e.errno, 'OSError')})") from None
+    finally:
+        os.close(fd)
+    raw = b"".join(chunks)
     if len(raw) > max_bytes:
         raise Unreadable(f"larger than the {max_bytes / 2**20:g} MiB a submission may have")
     try:
-        nb = nbformat.reads(raw.decode("utf-8"), as_version=4)
-        nbformat.validate(nb)
+        text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise Unreadable("not a valid notebook (not UTF-8 text)") from None
-    except Exception as e:  # JSON errors and nbformat's validation errors have no common base
-        first = str(e).strip().splitlines()[0][:120] if str(e).strip() else type(e).__name__
-        raise Unreadable(f"not a valid notebook ({first})") from None
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise Unreadable(f"not a valid notebook (not JSON: line {e.lineno}, column {e.colno})") from None
+    except (ValueError, RecursionError):
+        raise Unreadable("not a valid notebook (not JSON)") from None
+    if not isinstance(obj, dict) or not isinstance(obj.get("cells"), list):
+        raise Unreadable("not a valid notebook (no list of cells)")
+    try:
+        nb = nbformat.reads(text, as_version=4)
+        nbformat.validate(nb)
+    except Exception:  # nbformat's errors quote the file: say only what failed
+        raise Unreadable("not a valid notebook (it does not follow the notebook format)") from None
     return nb
 
 
-def notebook_exercises(nb: nbformat.NotebookNode) -> list[Exercise]:
-    """The exercises a notebook is graded on: every exercise of its chapter(s), in the
-    book's order where the notebook's metadata records it.
-
-    The chapter comes from the notebook's ``memlab`` metadata, else from its tagged
-    cells, else from the checks it calls.
+def notebook_chapter(nb: nbformat.NotebookNode) -> tuple[int, list[int]]:
+    """(the chapter a notebook is graded on, the other chapters its tagged cells belong to,
+    which are refused). The chapter is the one the handed-out notebook records in its
+    ``memlab`` metadata, else the one chapter of its tagged cells.
 
     Raises:
-        Unreadable: no exercise of the book found.
+        Unreadable: no chapter recorded and tagged cells of several chapters (each notebook
+            is graded on one chapter), or no exercise of the book in it.
     """
     exs = exercises()
-    chapters: set[int] = set()
     meta = nb.metadata.get("memlab", {})
-    if isinstance(meta, Mapping) and meta.get("chapter") in (1, 2, 3, 4):
-        chapters.add(meta["chapter"])
-    code = [c for c in nb.cells if c.cell_type == "code"]
-    if not chapters:
-        chapters = {exs[c.metadata[TAG]].chapter for c in code
-                    if isinstance(c.metadata.get(TAG), str) and c.metadata[TAG] in exs}
-    if not chapters:
-        names = {ex.check_name: ex.chapter for ex in exs.values()}
-        pattern = re.compile(r"\b(" + "|".join(map(re.escape, names)) + r")\s*\(")
-        chapters = {names[m.group(1)] for c in code for m in pattern.finditer(c.source[:MAX_PARSE_CHARS])}
-    if not chapters:
+    own = meta.get("chapter") if isinstance(meta, Mapping) else None
+    tagged = {exs[c.metadata[TAG]].chapter for c in nb.cells if c.cell_type == "code"
+              and isinstance(c.metadata.get(TAG), str) and c.metadata[TAG] in exs}
+    if isinstance(own, int) and not isinstance(own, bool) and own in (1, 2, 3, 4):
+        return own, sorted(tagged - {own})
+    if len(tagged) > 1:
+        raise Unreadable(f"check cells of chapters {', '.join(map(str, sorted(tagged)))} in one notebook: each "
+                         "notebook is graded on one chapter (hand in one notebook per chapter)")
+    if not tagged:
         raise Unreadable("no exercise of the book in it (hand out the notebooks that `make book-student` writes)")
-    mine = [ex for ex in exs.values() if ex.chapter in chapters]
+    return tagged.pop(), []
+
+
+def notebook_exercises(nb: nbformat.NotebookNode) -> list[Exercise]:
+    """The exercises a notebook is graded on: every exercise of its chapter
+    (:func:`notebook_chapter`), in the book's order where the notebook's metadata records it.
+
+    Raises:
+        Unreadable: see :func:`notebook_chapter`.
+    """
+    chapter, _ = notebook_chapter(nb)
+    meta = nb.metadata.get("memlab", {})
+    mine = [ex for ex in exercises().values() if ex.chapter == chapter]
     order = meta.get("exercises", []) if isinstance(meta, Mapping) else []
     rank = {label: i for i, label in enumerate(order) if isinstance(label, str)} if isinstance(order, list) else {}
     return sorted(mine, key=lambda ex: rank.get(ex.label, len(rank)))
+
+
+# ----------------------------------------------------------------------------- names
+
+# Unicode categories a name loses: controls (Cc: CR, LF, ESC, BEL...), format characters (Cf:
+# bidirectional overrides), line and paragraph separators, surrogates, unassigned.
+_STRIPPED = {"Cc", "Cf", "Zl", "Zp", "Cs", "Cn"}
+
+
+def clean_text(text: str) -> str:
+    """``text`` without control, format or separator characters (what a terminal or a
+    spreadsheet would act on: CR, LF, ESC, BEL, tabs, bidirectional overrides)."""
+    return "".join(ch for ch in text if unicodedata.category(ch) not in _STRIPPED)
+
+
+def display_name(path: str | os.PathLike[str]) -> str:
+    """A readable, safe name for a path of any bytes: UTF-8 where it is; a name in another
+    encoding (a Windows zip's ``L\x94sung.ipynb``) read as code page 437 (ZIP's own) and
+    marked so; control characters stripped."""
+    raw = os.fsencode(path)
+    try:
+        text, marked = raw.decode("utf-8"), False
+    except UnicodeDecodeError:
+        text, marked = raw.decode("utf-8", "surrogateescape"), True
+        text = "".join(ch if not 0xDC80 <= ord(ch) <= 0xDCFF else bytes([ord(ch) - 0xDC00]).decode("cp437")
+                       for ch in text)
+    text = clean_text(text)
+    return f"{text} (name not UTF-8, read as cp437)" if marked else text
 
 
 @dataclasses.dataclass
@@ -232,40 +347,35 @@ class Plan:
 
 
 def plan(nb: nbformat.NotebookNode, exs: Sequence[Exercise]) -> list[Plan]:
-    """One :class:`Plan` per exercise (each code cell parsed at most once)."""
-    parsed: dict[int, Any] = {}
-
-    def cell_tree(i: int) -> Any:
-        if i not in parsed:
-            parsed[i] = parse_cell(nb.cells[i].source)
-        return parsed[i]
-
+    """One :class:`Plan` per exercise: its check cell is the first code cell tagged with its
+    label (no other cell is parsed, each at most once)."""
     code = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
     plans = []
     for ex in exs:
         p = Plan(ex)
-        tagged = [i for i in code if nb.cells[i].metadata.get(TAG) == ex.label]
-        if tagged:
-            p.cell = tagged[0]
-        else:
-            p.cell = next((i for i in code if len(nb.cells[i].source) <= MAX_PARSE_CHARS
-                           and _calls(cell_tree(i), ex.check_name) is not None), None)
+        p.cell = next((i for i in code if nb.cells[i].metadata.get(TAG) == ex.label), None)
         if p.cell is None:
-            p.status, p.problem = "missing", "its check cell is missing (deleted, or its check call renamed)"
-        elif len(nb.cells[p.cell].source) > MAX_PARSE_CHARS:
+            p.status, p.problem = "missing", (f"its check cell is missing (no cell tagged exercise: {ex.label}; "
+                                              "deleted, or its metadata removed)")
+            plans.append(p)
+            continue
+        source = nb.cells[p.cell].source
+        if len(source) > MAX_PARSE_CHARS:
             p.status, p.problem = "error", f"its check cell is larger than the {MAX_PARSE_CHARS // 1024} KiB the grader reads"
+            plans.append(p)
+            continue
+        tree = parse_cell(source)
+        call = _calls(tree, ex.check_name)
+        if tree is None:
+            p.status, p.problem = "error", "its check cell does not parse as Python (or nests too deeply to read)"
+        elif call is None:
+            p.status, p.problem = "missing", f"its check cell no longer calls {ex.check_name}"
         else:
-            call = _calls(cell_tree(p.cell), ex.check_name)
-            if cell_tree(p.cell) is None:
-                p.status, p.problem = "error", "its check cell does not parse as Python (or nests too deeply to read)"
-            elif call is None:
-                p.status, p.problem = "missing", f"its check cell no longer calls {ex.check_name}"
+            exprs = answer_expressions(tree[0], call, ex)
+            if isinstance(exprs, str):
+                p.status, p.problem = "error", exprs
             else:
-                exprs = answer_expressions(cell_tree(p.cell)[0], call, ex)
-                if isinstance(exprs, str):
-                    p.status, p.problem = "error", exprs
-                else:
-                    p.expressions = exprs
+                p.expressions = exprs
         plans.append(p)
     return plans
 

@@ -2,53 +2,72 @@
 
 What a sandboxed process gets (:meth:`Sandbox.command` builds it):
 
+- **an allowlist of the file system, read-only** (:mod:`.allowlist`): the system's
+  programs and libraries (``/usr`` and the ``/bin``, ``/sbin``, ``/lib*`` beside it), the
+  parts of ``/etc`` that programs need to start (the dynamic loader's files, time zone,
+  fonts, Python's own folders; ``passwd``, ``group``, ``hosts`` and ``hostname`` are the
+  sandbox's own), ``/sys``, Python (its installation and the virtual environment), the
+  folders of installed packages, and the package folder ``experiments/``. Nothing else of
+  the machine exists inside: no home, no ``/tmp``, ``/opt``, ``/srv`` or ``/var``, not the
+  folder grading started from, not the repository around the package (its ``book/`` holds
+  the solutions), not the submissions or the grades. A folder of ``sys.path`` or
+  ``PYTHONPATH`` is shown only when it lies outside every one of those places and holds
+  none of them; a place to hide that lies inside something shown is covered by an empty
+  folder;
 - **no network**: a network namespace of its own, with only a loopback;
-- **a read-only view of the system and the package**: ``/`` bound read-only, then the
-  places a submission has no business reading hidden under empty read-only folders:
-  ``$HOME``, ``/home``, ``/root``, ``/tmp``, ``/var/tmp``, ``/run``, ``/mnt``, ``/media``,
-  ``/srv``, the grader's working folder, the repository the package comes from, the
-  folders of the submissions and of the grader's output. Only what Python needs is shown
-  again inside them, read-only: the Python installation, the virtual environment, the
-  ``sys.path`` entries outside the repository, and the package folder ``experiments/``
-  alone (the repository's ``book/`` with the solutions stays hidden);
 - **a private writable scratch folder** ``/tmp/work``: an empty ``tmpfs`` of its own
   (``scratch_mib``), its ``HOME``, its ``TMPDIR`` and its working folder; and a small
   ``/dev/shm``. Nothing it writes reaches the disk or outlives it;
-- **a clean environment**: ``PATH``, ``HOME``, locale, ``PYTHONPATH`` (the package and
-  the grader's own ``PYTHONPATH`` entries), ``LD_LIBRARY_PATH``, ``CUDA_VISIBLE_DEVICES``,
-  the mode, thread counts; nothing else of the grader's environment;
+- **a clean environment**: ``PATH``, ``HOME``, locale, ``PYTHONPATH`` (the package and the
+  shown ``PYTHONPATH`` entries), ``LD_LIBRARY_PATH``, ``CUDA_VISIBLE_DEVICES``, the mode,
+  thread counts; nothing else of the grader's environment;
 - **its own process, IPC and hostname namespaces** and a new session: it sees only its
   own processes and cannot reach the terminal. When the grader kills the sandbox (its
   time is up) or dies, every process in it dies with it (``--die-with-parent``; the
   kernel ends a PID namespace with its first process);
+- **a fresh session keyring and a seccomp filter** (:mod:`.seccomp`): the process that
+  starts bwrap joins a new, empty session keyring, and everything in the sandbox runs
+  under a filter that refuses the keyring calls, new user namespaces, and reading other
+  processes' memory, in every mode;
+- **a control group** (:mod:`.cgroups`) where the machine allows one: memory for all its
+  processes together, a number of processes, and the same CPU weight as every other
+  sandbox (:meth:`Sandbox.bounds` says what holds here, :meth:`Sandbox.unbounded` what
+  does not);
 - **an unprivileged user**: run as root, the grader starts the sandbox as ``nobody`` in a
   user namespace of its own; where that cannot work (the kernel allows no such namespace,
   or Python lies in a folder ``nobody`` cannot read, such as ``/root``), bwrap runs as
   root and a few lines of Python (:data:`DROP`) switch to a user id of the sandbox's own,
-  with no capabilities, before anything else starts. Run as another user, it is that user
-  in a user namespace;
-- **limits** (:class:`Limits`), set by the first process inside before any submitted code
-  runs (:func:`apply_limits`): memory (``RLIMIT_AS`` and ``RLIMIT_DATA``; with a GPU,
-  ``RLIMIT_DATA`` only, because CUDA reserves far more address space than it uses),
-  processes and threads (``RLIMIT_NPROC``, counted per user namespace; it does not bind a
-  process whose user is root outside, which is why the sandbox never runs as root), file
-  size (``RLIMIT_FSIZE``), CPU time (``RLIMIT_CPU``), no core files; the scratch folder's
-  size; and, enforced by the grader, the wall-clock time and the bytes that come back.
+  with no capabilities, before anything else starts. That user id is unique on the
+  machine while the sandbox runs, across grading runs too (a lock file per id). Run as
+  another user, it is that user in a user namespace;
+- **limits per process** (:class:`Limits`), set by the first process inside before any
+  submitted code runs (:func:`apply_limits`): memory (``RLIMIT_AS`` and ``RLIMIT_DATA``;
+  with a GPU, ``RLIMIT_DATA`` only, because CUDA reserves far more address space than it
+  uses), processes and threads (``RLIMIT_NPROC``), file size (``RLIMIT_FSIZE``), CPU time
+  (``RLIMIT_CPU``), no core files; the scratch folder's size; and, enforced by the
+  grader, the wall-clock time and the bytes that come back.
 
 With ``--live``, the GPU's device nodes (``/dev/nvidia*``) are bound into the sandbox, and
 nothing else extra.
 
 Requirements: ``bwrap`` (0.8 or newer, for ``--size``) on a Linux kernel that lets bwrap
-create the namespaces: run as root it always can; run as another user it needs
-unprivileged user namespaces (Debian's default). :meth:`Sandbox.prepare` tries each way in
-turn with a real Python start and says, in one line, why none works.
+create the namespaces (as root it always can; as another user it needs unprivileged user
+namespaces, Debian's default), on x86-64 or AArch64 (the seccomp filter's processors).
+:meth:`Sandbox.prepare` tries each way in turn with a real Python start and says, in one
+line, why none works.
+
+This module is also run as a plain file's sibling (the runner imports :func:`apply_limits`
+and :func:`nondumpable` without the package), so it imports only the standard library at
+its top.
 """
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import glob
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -60,20 +79,35 @@ from pathlib import Path
 from typing import Any, Sequence
 
 SCRATCH = "/tmp/work"
-# Folders hidden in every sandbox (when they exist): homes, temporary and runtime folders, mounts.
-HIDDEN = ("/home", "/root", "/tmp", "/var/tmp", "/run", "/mnt", "/media", "/srv")
-# Never hidden: the system a Python needs (hiding one of these would break the sandbox, not protect).
-PROTECTED = {"/", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt", "/var",
-             "/sys", "/proc", "/dev", "/boot", "/nix", "/snap"}
 BWRAP_ENV = "CUDA_MEMLAB_BWRAP"  # a bwrap binary to use instead of the one on PATH
 NOBODY = 65534
 FIRST_UID = 2_000_000_000   # the user ids of sandboxes when bwrap runs as root without a user namespace
-SHM_BYTES = 64 << 20
+UID_RANGE = 1_000_000
+SHM_MIB = 64
 # Inside bwrap run as root: leave root for the sandbox's user id and groups, then run the command.
 # bwrap has set no_new_privs and mounts everything nosuid, so nothing can gain privileges back.
 DROP = ("import os, sys; uid = int(sys.argv[1]); groups = [int(g) for g in sys.argv[2].split(',') if g]; "
         "os.setgroups(groups); os.setresgid(uid, uid, uid); os.setresuid(uid, uid, uid); "
         "os.execv(sys.argv[3], sys.argv[3:])")
+# Before bwrap, with the grader's rights: join the sandbox's control group(s), a fresh session
+# keyring, and (as root, for the 'nobody' mode) leave root; then become bwrap.
+LAUNCH = """
+import ctypes, json, os, sys
+spec = json.loads(sys.argv[1])
+for path in spec["procs"]:
+    with open(path, "w") as f:
+        f.write(str(os.getpid()))
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+libc.syscall(spec["keyctl"], 1, b"memlab-sandbox", 0, 0, 0)   # KEYCTL_JOIN_SESSION_KEYRING: a new, empty one
+if spec["user"]:
+    uid, gid, groups = spec["user"]
+    os.setgroups(groups)
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+os.execv(spec["argv"][0], spec["argv"])
+"""
+KEYCTL = {"x86_64": 250, "aarch64": 219}
 
 
 class SandboxUnavailable(RuntimeError):
@@ -87,11 +121,16 @@ class Limits:
     Attributes:
         timeout_s: wall-clock seconds for the whole submission (reading, running, scoring).
         memory_mib: address space (recorded mode) and data (both modes) per process, MiB.
-        processes: processes and threads of the sandbox's user.
+        processes: processes and threads of the sandbox (per user id, and for the whole
+            sandbox where a control group can be made).
         file_mib: largest file a process may write, MiB.
         scratch_mib: size of the scratch folder (memory-backed), MiB.
         output_mib: what the notebook's cells may print or display in total, MiB.
         notebook_mib: largest submission file that is read at all, MiB.
+        group_memory_mib: memory of all the sandbox's processes together, MiB, where a
+            control group can be made; None: ``memory_mib`` plus the scratch folder and
+            ``/dev/shm`` (both are memory) in recorded mode, four times ``memory_mib`` with
+            ``--live`` (CUDA's pinned host memory counts there, and the chapters pin GiBs).
     """
 
     timeout_s: float = 600.0
@@ -101,17 +140,26 @@ class Limits:
     scratch_mib: int = 256
     output_mib: int = 16
     notebook_mib: int = 16
+    group_memory_mib: int | None = None
 
     def validate(self) -> "Limits":
         """Returns self. Raises ValueError naming a value out of its range."""
         ranges = {"timeout_s": (1, 86_400), "memory_mib": (512, 1 << 20), "processes": (32, 100_000),
                   "file_mib": (1, 1 << 20), "scratch_mib": (16, 1 << 20), "output_mib": (1, 4096),
-                  "notebook_mib": (1, 4096)}
+                  "notebook_mib": (1, 4096), "group_memory_mib": (512, 1 << 22)}
         for name, (lo, hi) in ranges.items():
             v = getattr(self, name)
+            if name == "group_memory_mib" and v is None:
+                continue
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
                 raise ValueError(f"{name} must be in [{lo}, {hi}], got {v!r}")
         return self
+
+    def group_mib(self, *, live: bool) -> int:
+        """Memory of all of a sandbox's processes together, MiB (see ``group_memory_mib``)."""
+        if self.group_memory_mib is not None:
+            return int(self.group_memory_mib)
+        return int(self.memory_mib) * 4 if live else int(self.memory_mib) + int(self.scratch_mib) + SHM_MIB
 
 
 def rlimits(limits: Limits, *, live: bool, seconds: float) -> dict[str, list[int]]:
@@ -148,7 +196,8 @@ def nondumpable() -> None:
 
 @dataclasses.dataclass
 class Outcome:
-    """What came back from one sandboxed run."""
+    """What came back from one sandboxed run. ``group_oom``: the kernel killed one of its
+    processes for the memory limit of the whole sandbox."""
 
     lines: list[bytes]
     returncode: int | None
@@ -156,11 +205,13 @@ class Outcome:
     too_much_output: bool
     stderr_tail: str
     seconds: float
+    group_oom: bool = False
 
     def last_error_line(self) -> str:
-        """The last line of the sandbox's own error output (the grader's code, not the student's)."""
+        """The last line of the sandbox's own error output (the grader's code and bwrap's,
+        not the student's: their processes' output goes nowhere), printable, bounded."""
         lines = [ln.strip() for ln in self.stderr_tail.splitlines() if ln.strip()]
-        return lines[-1][:200] if lines else ""
+        return "".join(ch for ch in lines[-1] if ch.isprintable())[:200] if lines else ""
 
 
 def _bwrap() -> str | None:
@@ -170,12 +221,34 @@ def _bwrap() -> str | None:
     return shutil.which("bwrap")
 
 
-def _real(p: str | os.PathLike[str]) -> str:
-    return os.path.realpath(os.fspath(p))
+class _UidLock:
+    """A user id of the sandbox's own while it runs, unique on this machine across grading
+    runs: an exclusive lock on a file per id, in a folder only root can write."""
 
+    FOLDER = "/run/lock/memlab-grade" if os.path.isdir("/run/lock") else "/run/memlab-grade"
 
-def _inside(path: str, folder: str) -> bool:
-    return path == folder or path.startswith(folder.rstrip("/") + "/")
+    def __init__(self) -> None:
+        folder = self.FOLDER
+        try:
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+        except OSError:
+            folder = os.path.join(tempfile.gettempdir(), f"memlab-grade-uids-{os.geteuid()}")
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+        start = random.randrange(UID_RANGE)
+        for k in range(UID_RANGE):
+            uid = FIRST_UID + (start + k) % UID_RANGE
+            fd = os.open(os.path.join(folder, str(uid)), os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                continue
+            self.uid, self._fd = uid, fd
+            return
+        raise RuntimeError("no free sandbox user id")
+
+    def release(self) -> None:
+        os.close(self._fd)
 
 
 class Sandbox:
@@ -190,16 +263,20 @@ class Sandbox:
 
     def __init__(self, *, live: bool = False, hide: Sequence[str | os.PathLike[str]] = (), unsafe: bool = False):
         self.live, self.unsafe = live, unsafe
-        self.pkg_dir = _real(Path(__file__).resolve().parent.parent)  # experiments/
+        from .allowlist import View, real
+
+        self.pkg_dir = real(Path(__file__).resolve().parent.parent)  # experiments/
         parent = os.path.dirname(self.pkg_dir)
         self.checkout = parent if any(os.path.exists(os.path.join(parent, m))
                                       for m in ("pyproject.toml", "setup.py", ".git")) else None
-        self.extra_hidden = [_real(p) for p in hide]
+        self.extra_hidden = [real(p) for p in hide]
         self.mode: str | None = None
+        self.groups: Any = None                 # cgroups.Cgroups, or None
+        self.no_groups = "not prepared"
         self._tmp = tempfile.mkdtemp(prefix="memlab-grade-")
         self._meta = self._distribution_stub()
-        self._uids: set[int] = set()
-        self._lock = threading.Lock()
+        self.view = View(pkg_dir=self.pkg_dir, checkout=self.checkout, extra_hidden=self.extra_hidden, meta=self._meta,
+                         etc=self._own_etc(), live=live)
 
     # ------------------------------------------------------------------ layout
 
@@ -219,53 +296,31 @@ class Sandbox:
             (info / "METADATA").write_text("Metadata-Version: 2.1\nName: cuda-memory-lab\nVersion: 0.0.0\n")
             return str(folder)
 
+    def _own_etc(self) -> dict[str, str]:
+        """The sandbox's own /etc/passwd, group, hosts and hostname (the machine's list its
+        users), as files to bind."""
+        folder = Path(self._tmp) / "etc"
+        folder.mkdir()
+        texts = {"passwd": "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/sh\n",
+                 "group": "root:x:0:\nnobody:x:65534:\n",
+                 "hosts": "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost\n", "hostname": "sandbox\n"}
+        out = {}
+        for name, text in texts.items():
+            (folder / name).write_text(text)
+            out[f"/etc/{name}"] = str(folder / name)
+        return out
+
     def hidden(self) -> list[str]:
-        """The folders hidden in the sandbox (real paths, outermost only)."""
-        cands = [*HIDDEN, os.environ.get("HOME", ""), str(Path.home()), os.getcwd(), *self.extra_hidden]
-        if self.checkout:
-            cands.append(self.checkout)
-        real = set()
-        for c in cands:
-            if not c:
-                continue
-            r = _real(c)
-            if r in PROTECTED or not os.path.isdir(r):
-                continue
-            real.add(r)
-        return sorted(r for r in real if not any(o != r and _inside(r, o) for o in real))
+        """The places no sandbox shows (:meth:`.allowlist.View.hidden`)."""
+        return self.view.hidden()
 
-    def shown_again(self, hidden: Sequence[str]) -> list[str]:
-        """What Python needs from inside the hidden folders, shown again read-only."""
-        wanted = {sys.prefix, sys.base_prefix, sys.exec_prefix, self.pkg_dir}
-        wanted |= {p for p in sys.path if p}
-        wanted |= {p for p in os.environ.get("LD_LIBRARY_PATH", "").split(":") if p}
-        if self._meta:
-            wanted.add(self._meta)
-        venv = _real(sys.prefix)
-        out = set()
-        for w in wanted:
-            if not os.path.isdir(w):
-                continue
-            r = _real(w)
-            if not any(_inside(r, h) for h in hidden):
-                continue                          # visible anyway
-            if any(_inside(h, r) for h in hidden):
-                continue                          # would show a hidden folder again (the checkout, a home)
-            if self.checkout and _inside(r, self.checkout) and not (_inside(r, venv) or r == self.pkg_dir):
-                continue                          # from the repository: only the package and the environment
-            out.add(r)
-        return sorted(out, key=lambda p: (p.count("/"), p))
+    def shown(self) -> list[str]:
+        """What every sandbox shows, read-only (:meth:`.allowlist.View.shown`)."""
+        return self.view.shown()
 
-    def pythonpath(self, hidden: Sequence[str], shown: Sequence[str]) -> str:
-        entries = [os.path.dirname(self.pkg_dir)]
-        if self._meta:
-            entries.append(self._meta)
-        for p in os.environ.get("PYTHONPATH", "").split(":"):
-            if p and os.path.isdir(p):
-                r = _real(p)
-                if not any(_inside(r, h) for h in hidden) or any(_inside(r, s) for s in shown):
-                    entries.append(r)
-        return ":".join(dict.fromkeys(entries))
+    def pythonpath(self, shown: Sequence[str]) -> str:
+        """The sandbox's PYTHONPATH (:meth:`.allowlist.View.pythonpath`)."""
+        return self.view.pythonpath(shown)
 
     def environment(self, *, mode: str, home: str, pythonpath: str) -> dict[str, str]:
         """The whole environment of a sandboxed process: nothing of the grader's but these."""
@@ -286,37 +341,15 @@ class Sandbox:
                 env[name] = os.environ[name]
         return env
 
-    def command(self, argv: Sequence[str], *, mode: str, scratch_mib: int, uid: int | None = None) -> list[str]:
-        """The full command line that runs ``argv`` in the sandbox of the given ``mode``
-        ('nobody', 'root-drop' or 'user')."""
-        hidden = self.hidden()
-        shown = self.shown_again(hidden)
-        bw = [_bwrap() or "bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
-        for h in hidden:
-            bw += ["--tmpfs", h]
-        bw += ["--size", str(SHM_BYTES), "--perms", "1777", "--tmpfs", "/dev/shm"]
-        if self.live:
-            for node in sorted(glob.glob("/dev/nvidia*")):
-                if os.path.exists(node):
-                    bw += ["--dev-bind", node, node]
-        made: set[str] = set()
-        for s in shown:
-            # bwrap makes missing mount points 0700: make the folders on the way there traversable
-            h = next(h for h in hidden if _inside(s, h))
-            parts = s[len(h):].strip("/").split("/")[:-1]
-            for k in range(1, len(parts) + 1):
-                d = h.rstrip("/") + "/" + "/".join(parts[:k])
-                if d not in made and not any(_inside(d, o) for o in shown if o != s and _inside(s, o)):
-                    made.add(d)
-                    bw += ["--perms", "0755", "--dir", d]
-            bw += ["--ro-bind", s, s]
-        bw += ["--size", str(int(scratch_mib) << 20), "--perms", "1777", "--tmpfs", SCRATCH]
-        for h in hidden:
-            if not _inside(SCRATCH, h):
-                bw += ["--remount-ro", h]
-        # /tmp holds the scratch mount: it is made read-only around it
-        bw += ["--remount-ro", "/tmp", "--remount-ro", "/dev", "--chdir", SCRATCH, "--hostname", "sandbox",
-               "--die-with-parent", "--new-session"]
+    def command(self, argv: Sequence[str], *, mode: str, scratch_mib: int, uid: int | None = None,
+                seccomp_fd: int | None = None) -> list[str]:
+        """The bwrap command line that runs ``argv`` in the sandbox of the given ``mode``
+        ('nobody', 'root-drop' or 'user'), with the seccomp filter read from ``seccomp_fd``."""
+        fs = self.view.bwrap_args(scratch=SCRATCH, scratch_mib=scratch_mib, shm_mib=SHM_MIB)
+        bw = [_bwrap() or "bwrap", *fs, "--chdir", SCRATCH, "--hostname", "sandbox",
+              "--die-with-parent", "--new-session"]
+        if seccomp_fd is not None:
+            bw += ["--seccomp", str(seccomp_fd)]
         if mode == "root-drop":
             bw += ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
                    "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--"]
@@ -343,7 +376,23 @@ class Sandbox:
     def _modes(self) -> list[str]:
         return ["nobody", "root-drop"] if os.geteuid() == 0 else ["user"]
 
-    # ------------------------------------------------------------------ running
+    # ------------------------------------------------------------------ what holds here
+
+    def bounds(self) -> dict[str, bool]:
+        """What a sandbox is bounded by here, beyond its per-process limits: ``memory``,
+        ``pids`` and ``cpu`` of all its processes together (a control group), ``uid`` (a
+        user id of its own, unique on the machine)."""
+        grouped = self.groups is not None and self.mode not in (None, "unsafe")
+        return {"memory": grouped, "pids": grouped, "cpu": grouped, "uid": self.mode == "root-drop"}
+
+    def unbounded(self) -> str:
+        """What cannot be bounded here, in one sentence ('' when everything is)."""
+        if self.mode == "unsafe":
+            return "nothing is isolated: submissions run with your rights"
+        if self.groups is not None:
+            return ""
+        return (f"no control group can be made here ({self.no_groups}): memory is limited per process only, "
+                "notebooks graded at once do not share the CPU fairly (--jobs), and processes are counted per user")
 
     def prepare(self) -> str:
         """Find a way to sandbox that works here (a real Python start, with the package and
@@ -358,30 +407,40 @@ class Sandbox:
         if not _bwrap():
             raise SandboxUnavailable("bubblewrap is not installed (Debian: apt-get install bubblewrap; or name a bwrap "
                                      f"binary in ${BWRAP_ENV})")
-        modes = self._modes()
+        from . import cgroups, seccomp
+
+        try:
+            seccomp.program()
+        except seccomp.Unsupported as e:
+            raise SandboxUnavailable(str(e)) from None
+        self.groups, self.no_groups = cgroups.find()
         probe = "import experiments.grading.capture, nbclient, ipykernel; print('memlab-sandbox-ok')"
         why = []
-        for mode in modes:
-            self.mode = mode
-            out = self.run(["-c", probe], b"", seconds=90, limits=Limits(), module=None)
-            if out.returncode == 0 and any(b"memlab-sandbox-ok" in ln for ln in out.lines):
-                return self.describe()
-            why.append(f"{mode}: {out.last_error_line() or f'exit status {out.returncode}'}")
+        for _ in range(2):
+            for mode in self._modes():
+                self.mode = mode
+                out = self.run(["-c", probe], b"", seconds=90, limits=Limits(), module=None)
+                if out.returncode == 0 and any(b"memlab-sandbox-ok" in ln for ln in out.lines):
+                    return self.describe()
+                why.append(f"{mode}: {out.last_error_line() or f'exit status {out.returncode}'}")
+            if self.groups is None:
+                break
+            # groups made here that a sandbox cannot start in: try once more without them
+            self.no_groups = f"a sandbox could not start in a {self.groups.kind} group"
+            self.groups = None
         self.mode = None
         raise SandboxUnavailable("cannot start a bubblewrap sandbox here (" + "; ".join(why) + ")")
 
     def describe(self) -> str:
-        who = {"nobody": "as nobody in a user namespace", "root-drop": "as an unprivileged user id, no user namespace",
+        who = {"nobody": "as nobody in a user namespace", "root-drop": "as a user id of its own, no user namespace",
                "user": "as you, in a user namespace", "unsafe": "NOT sandboxed"}[self.mode or "unsafe"]
-        return f"bubblewrap sandbox {who}, no network{', GPU device nodes bound' if self.live else ''}"
+        text = (f"bubblewrap sandbox {who}, no network, a fresh keyring, seccomp"
+                f"{', GPU device nodes bound' if self.live else ''}")
+        if self.groups is not None:
+            return f"{text}, {self.groups.describe()}"
+        return f"{text}; NOT BOUNDED here: {self.unbounded()}"
 
-    def _take_uid(self) -> int | None:
-        if self.mode != "root-drop":
-            return None
-        with self._lock:
-            uid = next(u for u in range(FIRST_UID, FIRST_UID + 10_000) if u not in self._uids)
-            self._uids.add(uid)
-            return uid
+    # ------------------------------------------------------------------ running
 
     def run(self, args: Sequence[str], request: bytes, *, seconds: float, limits: Limits,
             module: str | None, max_output: int = 8 << 20) -> Outcome:
@@ -393,38 +452,49 @@ class Sandbox:
             raise RuntimeError("Sandbox.prepare() first")
         mode = "live" if self.live else "recorded"
         python = [sys.executable, "-B"] + (["-m", module] if module else []) + list(args)
-        uid = self._take_uid()
-        scratch = None
-        try:
-            if self.mode == "unsafe":
-                scratch = tempfile.mkdtemp(prefix="memlab-unsafe-")
-                env = self.environment(mode=mode, home=scratch,
-                                       pythonpath=self.pythonpath([], []))
-                cmd, cwd = python, scratch
-            else:
-                hidden = self.hidden()
-                env = self.environment(mode=mode, home=SCRATCH,
-                                       pythonpath=self.pythonpath(hidden, self.shown_again(hidden)))
-                cmd, cwd = self.command(python, mode=self.mode, scratch_mib=limits.scratch_mib, uid=uid), "/"
-            user = dict(user=NOBODY, group=NOBODY, extra_groups=self.device_groups()) if self.mode == "nobody" else {}
-            return _run(cmd, env, cwd, request, seconds=seconds, max_output=max_output,
-                        group_kill=self.mode == "unsafe", user=user)
-        finally:
-            if uid is not None:
-                with self._lock:
-                    self._uids.discard(uid)
-            if scratch:
+        if self.mode == "unsafe":
+            scratch = tempfile.mkdtemp(prefix="memlab-unsafe-")
+            try:
+                env = self.environment(mode=mode, home=scratch, pythonpath=self.pythonpath(["/"]))
+                return _run(python, env, scratch, request, seconds=seconds, max_output=max_output, group_kill=True)
+            finally:
                 shutil.rmtree(scratch, ignore_errors=True)
+        from . import cgroups, seccomp
+
+        lock = _UidLock() if self.mode == "root-drop" else None
+        group = None
+        fd = seccomp.memfd()
+        try:
+            if self.groups is not None:
+                group = self.groups.make(cgroups.Request(memory_bytes=limits.group_mib(live=self.live) << 20,
+                                                         pids=int(limits.processes)))
+            env = self.environment(mode=mode, home=SCRATCH, pythonpath=self.pythonpath(self.shown()))
+            bw = self.command(python, mode=self.mode, scratch_mib=limits.scratch_mib,
+                              uid=lock.uid if lock else None, seccomp_fd=fd)
+            user = [NOBODY, NOBODY, self.device_groups()] if self.mode == "nobody" else None
+            arch = os.uname().machine
+            spec = {"procs": group.procs if group else [], "keyctl": KEYCTL.get(arch, -1), "user": user, "argv": bw}
+            cmd = [*(group.wrapper if group else []), sys.executable, "-S", "-I", "-c", LAUNCH, json.dumps(spec)]
+            out = _run(cmd, env, "/", request, seconds=seconds, max_output=max_output, group_kill=False, pass_fds=(fd,))
+            if group is not None:
+                out.group_oom = group.oom_killed()
+            return out
+        finally:
+            os.close(fd)
+            if group is not None:
+                group.close()
+            if lock is not None:
+                lock.release()
 
     def close(self) -> None:
         shutil.rmtree(self._tmp, ignore_errors=True)
 
 
 def _run(cmd: list[str], env: dict[str, str], cwd: str, request: bytes, *, seconds: float, max_output: int,
-         group_kill: bool, user: dict[str, Any] | None = None) -> Outcome:
+         group_kill: bool, pass_fds: Sequence[int] = ()) -> Outcome:
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                            cwd=cwd, start_new_session=True, close_fds=True, **(user or {}))
+                            cwd=cwd, start_new_session=True, close_fds=True, pass_fds=tuple(pass_fds))
     lines: list[bytes] = []
     tail = bytearray()
     state = {"bytes": 0, "over": False}
