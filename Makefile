@@ -13,7 +13,7 @@ export PATH := $(BIN):$(PATH)
 # measures live on this machine's GPU instead.
 BOOK_MODE ?= recorded
 
-.PHONY: book book-student test test-gpu install notebooks record clean browser sandbox pyodide
+.PHONY: book book-student test test-gpu install notebooks record clean browser sandbox pyodide system-packages test-executed
 
 $(PY):
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "make needs Python 3.11 or newer (the pinned packages do); found " + sys.version.split()[0] + ". Try: make book PYTHON=python3.11")'
@@ -77,6 +77,15 @@ $(BWRAP):
 
 sandbox: $(BWRAP)
 
+# Both system packages `make test` needs, from ONE apt-get: `make test` installs them while pip
+# and the notebooks run, and two apt-gets at once would fight over dpkg's lock.
+SYSTEM_PACKAGES = $(if $(wildcard $(CHROMIUM)),,chromium) $(if $(wildcard $(BWRAP)),,bubblewrap)
+system-packages:
+	@pkgs="$(strip $(SYSTEM_PACKAGES))"; [ -z "$$pkgs" ] && exit 0; \
+	command -v apt-get >/dev/null || { echo "the browser tests need chromium at $(CHROMIUM) and the grader's tests bubblewrap at $(BWRAP) (Debian: apt-get install chromium bubblewrap)"; exit 2; }; \
+	echo "apt-get install -y $$pkgs"; \
+	$(SUDO) apt-get install -y $$pkgs || { $(SUDO) apt-get update && $(SUDO) apt-get install -y $$pkgs; }
+
 # The book build is the one execution of the notebooks (a cell error fails it); the tests then
 # read its pages and executed notebooks (tests/conftest.py: built_book), so nothing runs twice.
 # It is built as `make book` builds it (static explorers), and the browser tests serve it.
@@ -85,17 +94,23 @@ sandbox: $(BWRAP)
 # build then only reads it; `finish` fails if it executed one again), and pytest runs in
 # TEST_JOBS processes (pytest-xdist; tests/scheduling.py keeps a module's costly set-up in one).
 # TEST_JOBS=1 executes the notebooks one at a time and runs the tests in one worker.
+# On a fresh machine the set-up waits on different things (pip on the disk, apt-get and npm on
+# the network) while executing the notebooks needs only the venv: apt-get and npm run beside
+# pip and the notebooks' execution (a make of its own with -j3), the build waits for all three.
 # The fast loop while developing skips the build and the slow tests:
 #   .venv/bin/python -m pytest -m "not slow" -n 2
 TEST_BOOK := _build/test
 TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
 BOOK_ENV := CUDA_MEMLAB_STATIC=1 CUDA_MEMLAB_MODE=recorded
-test: notebooks browser sandbox pyodide
+test:
 	rm -rf $(TEST_BOOK)
-	$(BOOK_ENV) $(PY) -m tests.bookbuild execute $(TEST_BOOK) --jobs $(TEST_JOBS)
+	$(MAKE) --no-print-directory -j3 test-executed system-packages pyodide
 	$(BOOK_ENV) $(BIN)/jupyter-book build . --path-output $(TEST_BOOK) --warningiserror --keep-going
 	$(PY) -m tests.bookbuild finish $(TEST_BOOK)
 	CUDA_MEMLAB_BOOK_BUILD=$(CURDIR)/$(TEST_BOOK) $(PY) -m pytest -n $(TEST_JOBS) --dist loadgroup
+
+test-executed: notebooks
+	$(BOOK_ENV) $(PY) -m tests.bookbuild execute $(TEST_BOOK) --jobs $(TEST_JOBS)
 
 # On a GPU: the GPU-marked tests only.
 test-gpu: install

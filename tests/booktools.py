@@ -73,3 +73,18 @@ def panel_count(page: str) -> int:
     """How many ``ex.panel(...)`` calls the page's source makes (0 for a page without a source)."""
     src = ROOT / "book" / "src" / f"{page}.py"
     return len(re.findall(r"^ex\.panel\(", src.read_text(), re.M)) if src.exists() else 0
+
+
+def executed_html(build: Path, page: str, source: str) -> str:
+    """The HTML that the code cell ``source`` (its whole text) of ``page`` displayed when the book
+    build executed it: ``build`` is conftest's ``built_book``. Lets a test read what the book
+    already rendered instead of rendering it again. Raises AssertionError when the executed
+    notebook has no such cell or the cell displayed no HTML."""
+    import nbformat
+
+    nb = nbformat.read(build / "jupyter_execute" / "book" / f"{page}.ipynb", as_version=4)
+    cells = [c for c in nb.cells if c.cell_type == "code" and c.source.strip() == source]
+    assert len(cells) == 1, f"{page}: {len(cells)} executed cells are {source!r}"
+    html = [o["data"]["text/html"] for o in cells[0].outputs if "text/html" in o.get("data", {})]
+    assert len(html) == 1, f"{page}: the cell {source!r} displayed {len(html)} HTML outputs"
+    return html[0]

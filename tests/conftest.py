@@ -37,8 +37,19 @@ def pytest_xdist_make_scheduler(config, log):
     return make_scheduler(config, log)
 
 
+# Fixtures that execute notebooks (the `slow` marker's definition) but live in modules that are
+# not marked slow as a whole: a test that uses one is slow, so that the developer loop
+# (-m "not slow") does not wait for a graded class. test_grading.py's `submissions` grades a
+# class of notebooks in sandboxes, some of them until their time limit (157 s of wall time in a
+# worker of the loop on the shared machine at load 10-25, for about 1 s of CPU in the worker).
+NOTEBOOK_FIXTURES = frozenset({"submissions"})
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if NOTEBOOK_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
     # In xdist's workers: the costliest work first (longest first, as a scheduler would), so that
     # no worker is left with a long test at the end while the other idles. A stable sort, the
     # same in every worker; a module that runs whole stays together. A run without xdist keeps
@@ -54,6 +65,42 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def _timed(phase):
+    """A hook wrapper that appends the phase's wall and CPU seconds (this process's, and those of
+    its children that ended meanwhile: notebook kernels, subprocesses; not sandboxed ones) to the file
+    named by CUDA_MEMLAB_TEST_TIMES, one JSON line per test and phase (``python -m tests.times
+    FILE`` sums them). On a shared, loaded machine the CPU seconds say what a test costs, the
+    wall seconds mostly how busy the machine was."""
+    @pytest.hookimpl(hookwrapper=True)
+    def hook(item, *args):
+        out = os.environ.get("CUDA_MEMLAB_TEST_TIMES")
+        if not out:
+            yield
+            return
+        import json
+        import resource
+        import time
+
+        def cpu():
+            me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+            return me.ru_utime + me.ru_stime, kids.ru_utime + kids.ru_stime
+
+        t0, (s0, c0) = time.perf_counter(), cpu()
+        yield
+        t1, (s1, c1) = time.perf_counter(), cpu()
+        line = json.dumps({"test": item.nodeid, "phase": phase, "wall": round(t1 - t0, 3),
+                           "cpu": round(s1 - s0, 3), "children_cpu": round(c1 - c0, 3),
+                           "worker": os.environ.get("PYTEST_XDIST_WORKER", "main")})
+        with open(out, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+    return hook
+
+
+pytest_runtest_setup = _timed("setup")
+pytest_runtest_call = _timed("call")
+pytest_runtest_teardown = _timed("teardown")
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ import experiments as ex
 from experiments import pinned, syncs
 from experiments.core import store
 from experiments.core.registry import get
+from tests.booktools import executed_html
 
 
 @pytest.fixture
@@ -25,9 +26,12 @@ def html_unescape(s):
     return html.unescape(s)
 
 
-def test_static_panel_renders_each_recorded_point_once(static):
-    panel = ex.panel("syncs.run_ahead", syncs.plot_run_ahead)
-    page = panel._repr_html_()
+@pytest.mark.slow
+def test_static_panel_renders_each_recorded_point_once(built_book):
+    # Chapter 4 makes this very call, and the book build (static explorers, recorded mode, as
+    # `make book`) executed it: its output is read, not rendered a second time (every point,
+    # two widths: 145 s of the run on a loaded 2-core machine).
+    page = executed_html(built_book, "ch4_hidden_syncs", 'ex.panel("syncs.run_ahead", syncs.plot_run_ahead)')
     recorded = store.load("syncs.run_ahead", data_schema=get("syncs.run_ahead").data_schema)
     expected = sorted(json.dumps({"host_ms": p.params["host_ms"], "gpu_ms": p.params["gpu_ms"]}, sort_keys=True)
                       for p in recorded.points)
@@ -42,8 +46,18 @@ def test_static_panel_renders_each_recorded_point_once(static):
     assert not re.search(r"(src|href)=\"https?:", page) and "<script" not in page
 
 
-def test_controls_are_native_and_labelled(static):
-    page = ex.panel("pinned.async_copy", pinned.plot_async_copy, params=["size_kib", "direction"])._repr_html_()
+@pytest.fixture(scope="module")
+def async_copy_page():
+    """Chapter 3's async-copy explorer as the static book renders it, made once for the tests
+    that read it (six points, each at two widths)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CUDA_MEMLAB_MODE", "recorded")
+        mp.setenv("CUDA_MEMLAB_STATIC", "1")
+        return ex.panel("pinned.async_copy", pinned.plot_async_copy, params=["size_kib", "direction"])._repr_html_()
+
+
+def test_controls_are_native_and_labelled(static, async_copy_page):
+    page = async_copy_page
     # size_kib: numbers -> a range over the recorded values, with a <label for=...>
     rid = re.search(r'<input type="range" id="([^"]+)"', page).group(1)
     assert f'<label for="{rid}"' in page
@@ -54,9 +68,11 @@ def test_controls_are_native_and_labelled(static):
     assert "<fieldset" in page and "<legend" in page and page.count('type="radio"') == 2
 
 
-def test_fixed_parameters_filter_the_points(static):
-    page = ex.panel("streams.pipeline", __import__("experiments").streams.plot_pipeline, params=["in_flight"],
-                    strategy="event")._repr_html_()
+@pytest.mark.slow
+def test_fixed_parameters_filter_the_points(built_book):
+    # chapter 2 makes this very call: its output in the book build is read, not rendered again
+    page = executed_html(built_book, "ch2_cross_stream",
+                         'ex.panel("streams.pipeline", streams.plot_pipeline, params=["in_flight"], strategy="event")')
     recorded = store.load("streams.pipeline", data_schema=get("streams.pipeline").data_schema)
     exp = get("streams.pipeline")
     n = sum(1 for p in recorded.points if p.params == exp.complete({"strategy": "event", "in_flight": p.params["in_flight"]}))
@@ -91,8 +107,8 @@ def test_a_parameter_recorded_at_one_value_is_held_not_offered(static):
         assert f"{n} = {recorded[n][0]:,}" in note
 
 
-def test_every_view_has_alt_text_naming_its_figure_and_parameters(static):
-    page = ex.panel("pinned.async_copy", pinned.plot_async_copy, params=["size_kib", "direction"])._repr_html_()
+def test_every_view_has_alt_text_naming_its_figure_and_parameters(static, async_copy_page):
+    page = async_copy_page
     title = get("pinned.async_copy").title
     views = re.findall(r'<figure class="memlab-view" data-point="([^"]*)"[^>]*>(.*?)</figure>', page, re.S)
     assert len(views) == 6
