@@ -188,7 +188,8 @@ def test_incomparable_runs_really_differ(key):
     assert _program(_replayed(key[0], "")[1]) != _program(_replayed(*key)[1]), INCOMPARABLE[key]
 
 
-@pytest.mark.parametrize("key", WHAT_IFS, ids=_id)
+@pytest.mark.parametrize("key", [pytest.param(k, marks=pytest.mark.slow) if k[0] == "eager_long" else k
+                                 for k in WHAT_IFS], ids=_id)
 def test_what_if_equals_the_gpus_run_under_that_setting_or_stays_within_its_bound(key):
     """Exact what-ifs equal the GPU's own run under that setting: peak and final reserved to the
     byte, the same number of OOMs. The others say why not and bound themselves; the GPU's run

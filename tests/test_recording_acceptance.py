@@ -94,8 +94,13 @@ def test_points_to_render_were_found():
     assert {e for e, _ in RECORDED_POINTS} == {e.id for e in EXPERIMENTS}
 
 
-@pytest.mark.parametrize("exp_id, params", RECORDED_POINTS,
-                         ids=[f"{e}-{store.params_key(p)}" for e, p in RECORDED_POINTS])
+# the two points whose render replays a long trace (7-10 s of CPU each) run in make test only
+HEAVY_POINTS = {("alloc.doctor_heldout", '{"case":"paged_kv_mempool"}'), ("alloc.doctor_cases", '{"case":"eager_long"}')}
+
+
+@pytest.mark.parametrize("exp_id, params", [
+    pytest.param(e, p, marks=pytest.mark.slow) if (e, store.params_key(p)) in HEAVY_POINTS else (e, p)
+    for e, p in RECORDED_POINTS], ids=[f"{e}-{store.params_key(p)}" for e, p in RECORDED_POINTS])
 def test_every_recorded_point_renders(exp_id, params):
     import matplotlib.pyplot as plt
 

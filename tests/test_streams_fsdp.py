@@ -407,6 +407,7 @@ def test_replay_figure_puts_the_gpus_counters_on_the_doctors_lines(recorded_mode
     assert narrow.axes[0].get_position().y0 > narrow.axes[1].get_position().y1 - 1e-6, "stacked on a phone"
 
 
+@pytest.mark.slow   # one replay per mark, on purpose: 11 s of CPU
 def test_a_mark_stands_where_a_replay_stopped_at_it_ends(recorded_mode):
     """Run.mark_points (read in one replay) is the series' length of a replay stopped at the
     mark's 'snapshot' entry (the releases before it flushed, as an empty_cache). The figure placed its marks with one replay per mark
