@@ -6,6 +6,13 @@
  * figure (SVG drawn here), the report as the command line prints it, the segments at the
  * peak, and a download of the command line's --json object. The file is read in this tab
  * and sent nowhere. Config: window.memlabDoctor (book/_ext/doctor_page.py).
+ *
+ * Issue 26: a what-if the snapshot cannot settle shows its range in every table and in the
+ * figure's legend, as the command line's report does ("X to Y"); the doctor's messages are
+ * put in this page's words (its controls, not the command line's flags); the download size
+ * shown is the one the site ships; setting names break only after ':', ',', '_' or '=';
+ * the figure's axis and legend use one unit; without the network, the page says that it
+ * needs it, instead of blaming the tab's memory.
  */
 (function () {
   "use strict";
@@ -78,6 +85,7 @@
   }
 
   function megabytes(n) {
+    if (n < 1e6) return Math.max(1, Math.round(n / 1e3)) + " kB";
     return (n / 1e6).toFixed(n < 1e7 ? 1 : 0) + " MB";
   }
 
@@ -108,7 +116,7 @@
   const checks = PRESETS.map(([setting, note, on], i) => {
     const box = el("input", { type: "checkbox", id: "memlab-doctor-wi-" + i, value: setting, checked: on });
     return el("div", { class: "memlab-doctor-check" }, [box,
-      el("label", { for: box.id }, [el("code", { text: setting || "defaults" }), document.createTextNode(" \u2014 " + note)])]);
+      el("label", { for: box.id }, [breakable(setting || "defaults"), document.createTextNode(" \u2014 " + note)])]);
   });
   const other = el("textarea", { id: "memlab-doctor-other", rows: "2", spellcheck: "false",
                                  placeholder: "expandable_segments:True,max_split_size_mb:256" });
@@ -126,7 +134,7 @@
     el("div", { class: "memlab-doctor-field memlab-doctor-inline" }, [
       el("label", { for: cap.id, text: "Memory cap for the what-ifs, GiB (empty: the snapshot's own, if any):" }), cap]),
     cfg.options && cfg.options.suggest ? el("div", { class: "memlab-doctor-check" }, [suggest,
-      el("label", { for: suggest.id, text: "Also rank a grid of settings and suggest one (--suggest)" })]) : null,
+      el("label", { for: suggest.id, text: "Also rank a grid of settings and suggest one" })]) : null,
     el("div", { class: "memlab-doctor-buttons" }, [runButton, stopButton]),
   ]);
 
@@ -155,12 +163,52 @@
     w.onmessage = (e) => onWorkerMessage(e.data);
     w.onerror = (e) => {
       e.preventDefault();
-      fail("error: the page's Python stopped (" + (e.message || "the tab may have run out of memory") +
-           "); for a snapshot this large, run the doctor on your machine: pip install cuda-memory-lab, then " +
-           "python -m experiments doctor FILE");
+      const loaded = !readyPending;
+      reachable().then((online) => {
+        if (!online) return fail(offlineLine(loaded));
+        fail("error: the page's Python stopped (" + (e.message || "the tab may have run out of memory") +
+             "); for a snapshot this large, run the doctor on your machine: pip install cuda-memory-lab, then " +
+             "python -m experiments doctor FILE");
+      });
     };
     readyPending = true;
     return w;
+  }
+
+  // Whether this site answers: the worker's own script, asked again (a worker that cannot load
+  // its files reports no reason).
+  function reachable() {
+    if (navigator.onLine === false) return Promise.resolve(false);
+    return fetch(staticBase + cfg.worker, { method: "HEAD", cache: "no-store" }).then((r) => r.ok, () => false);
+  }
+
+  function downloadSize() {
+    return cfg.downloadBytes ? "about " + Math.round(cfg.downloadBytes / 1e6) + " MB" : "its files";
+  }
+
+  function offlineLine(loaded) {
+    return "error: the page could not download the doctor (Python and its code, " + downloadSize() +
+      " from this site): the network seems to be off. " + (loaded
+        ? "Python was loaded once in this tab but had to be started again (after Stop or an error); "
+        : "") + "Run again once you are online; after a first run the doctor stays loaded in this tab until you " +
+      "leave or stop it. Without a network, use the command line: pip install cuda-memory-lab, then " +
+      "python -m experiments doctor FILE";
+  }
+
+  // The doctor speaks command line: its flags become this page's controls.
+  const CLI = "run the doctor on your machine (pip install cuda-memory-lab, then python -m experiments doctor FILE " +
+              "--max-bytes N)";
+  const PAGE_WORDS = [
+    [/pass --cap BYTES or --cap-fraction F/g, "give the memory cap above (GiB)"],
+    [/pass --cap( BYTES)?\b/g, "give the memory cap above (GiB)"],
+    [/--cap must be a number of bytes >= 0, got \S+/g, "the memory cap must be 0 GiB or more"],
+    [/if it is a real snapshot, raise (it|the limit) \(--max-bytes\)/g, "this page cannot raise that limit: " + CLI],
+  ];
+
+  function pageWords(line) {
+    let out = String(line);
+    for (const [from, to] of PAGE_WORDS) out = out.replace(from, to);
+    return out.replace(/^error: python -m experiments doctor: /, "error: ");
   }
 
   function setStage(text, fraction) {
@@ -187,7 +235,7 @@
 
   function fail(line) {
     setBusy(false);
-    errorBox.textContent = line;
+    errorBox.textContent = pageWords(line);
     errorBox.hidden = false;
     if (worker) worker.terminate();
     worker = null;
@@ -199,8 +247,8 @@
     const req = { what_if: whatIf };
     if (cap.value.trim() !== "") {
       const g = Number(cap.value);
-      // Bytes, as the command line's --cap takes them; a bad value gets the doctor's own message.
-      req.cap_bytes = Number.isFinite(g) ? Math.round(g * GiB) : cap.value;
+      // Bytes, as the command line's --cap takes them.
+      req.cap_bytes = Math.round(g * GiB);
     }
     if (cfg.options && cfg.options.suggest && suggest.checked) req.suggest = true;
     return req;
@@ -209,6 +257,13 @@
   async function run() {
     if (!file || busy) return;
     errorBox.hidden = true;
+    const capText = cap.value.trim();
+    if (capText !== "" && !(Number.isFinite(Number(capText)) && Number(capText) >= 0)) {
+      errorBox.textContent = "error: the memory cap must be a number of GiB, 0 or more (or empty: the snapshot's own), got " +
+        JSON.stringify(cap.value);
+      errorBox.hidden = false;
+      return;
+    }
     if (file.size > cfg.limitBytes) {
       errorBox.textContent = "error: " + file.name + " is " + megabytes(file.size) + "; this page takes snapshots up to " +
         megabytes(cfg.limitBytes) + ". Run the doctor on your machine instead: pip install cuda-memory-lab, then " +
@@ -218,7 +273,7 @@
     }
     started = performance.now();
     setBusy(true);
-    setStage(readyPending ? "loading Python (the first time about 13 MB from this site)" : "reading the file", null);
+    setStage(readyPending ? "loading Python (the first time " + downloadSize() + " from this site)" : "reading the file", null);
     results.hidden = true;
     let bytes;
     try {
@@ -239,7 +294,9 @@
       root.dataset.pyodideSeconds = msg.seconds.toFixed(2);
       root.dataset.pyodideMarks = JSON.stringify(msg.marks);
     } else if (msg.type === "fatal") {
-      fail("error: the page could not run the doctor: " + msg.message);
+      const loaded = !readyPending;
+      reachable().then((online) => fail(online ? "error: the page could not run the doctor: " + msg.message
+                                                : offlineLine(loaded)));
     } else if (msg.type === "result") {
       const answer = JSON.parse(msg.answer);
       if (!answer.ok) {
@@ -278,17 +335,67 @@
       .concat((json.what_if || []).map((w) => ({ label: w.settings || "defaults", recorded: false, ...w })));
   }
 
+  // A what-if's figure as the reader should take it (experiments.doctor.report._between): one
+  // number when exact, else the range of the runs the snapshot cannot tell apart.
+  function range(x, name) {
+    const rng = x[name === "oom_events" ? "oom_events_range" : name.replace(/_bytes$/, "_range_bytes")];
+    return x.exact === false && rng && rng[0] !== rng[1] ? rng : null;
+  }
+
+  function between(x, name) {
+    const rng = range(x, name);
+    const fmt = name === "oom_events" ? String : (b) => formatBytes(b);
+    return rng ? fmt(rng[0]) + " to " + fmt(rng[1]) : fmt(x[name]);
+  }
+
+  function signedBytes(b) {
+    return (b > 0 ? "+" : b < 0 ? "\u2212" : "") + formatBytes(Math.abs(b));
+  }
+
+  function savedText(r) {
+    // the change of peak reserved against the recorded run: + costs memory, - saves it
+    const rng = r.exact === false && r.saved_range_bytes && r.saved_range_bytes[0] !== r.saved_range_bytes[1]
+      ? r.saved_range_bytes : null;
+    return rng ? signedBytes(-rng[1]) + " to " + signedBytes(-rng[0]) : signedBytes(-r.saved_bytes);
+  }
+
+  function numCell(text, ranged) {
+    return el("td", { class: "memlab-num" + (ranged ? " memlab-doctor-range" : ""), text: text });
+  }
+
+  // Why the ranged what-ifs are ranges: one line per reason and bound (the report's wording).
+  function uncertainNote(rows, nameOf) {
+    const off = new Map();
+    for (const x of rows) {
+      if (x.exact !== false) continue;
+      const key = (x.uncertain || ["?"]).join(", ") + "|" + (x.bound_bytes || 0);
+      if (!off.has(key)) off.set(key, []);
+      off.get(key).push(nameOf(x));
+    }
+    if (!off.size) return null;
+    const lines = [...off.entries()].map(([key, names]) => {
+      const [why, bound] = key.split("|");
+      const who = names.length === 1 ? names[0] : names.length + " settings";
+      return who + ": not exact (" + why + ")" + (+bound ? "; peak and final reserved may be off by up to " +
+        formatBytes(+bound) : "") + ".";
+    });
+    return el("p", { class: "memlab-doctor-note memlab-doctor-uncertain",
+                     text: "A range (X to Y) is where the snapshot cannot tell the runs apart. " + lines.join(" ") });
+  }
+
   function settingsTable(json) {
     const runs = runsOf(json);
-    const best = Math.min(...runs.map((r) => r.peak_reserved_bytes));
+    // the lowest peak at the worst end of its range, as --suggest ranks them
+    const worst = (r) => (range(r, "peak_reserved_bytes") || [0, r.peak_reserved_bytes])[1];
+    const best = Math.min(...runs.map(worst));
     const head = el("tr", {}, ["setting", "peak reserved", "peak allocated", "final reserved", "OOMs"].map(
       (h, i) => el("th", { scope: "col", class: i ? "memlab-num" : "", text: h })));
-    const rows = runs.map((r) => el("tr", { class: r.peak_reserved_bytes === best && runs.length > 1 ? "memlab-doctor-best" : "" }, [
+    const rows = runs.map((r) => el("tr", { class: worst(r) === best && runs.length > 1 ? "memlab-doctor-best" : "" }, [
       el("th", { scope: "row" }, [breakable(r.label)]),
-      el("td", { class: "memlab-num", text: formatBytes(r.peak_reserved_bytes) }),
-      el("td", { class: "memlab-num", text: formatBytes(r.peak_allocated_bytes) }),
-      el("td", { class: "memlab-num", text: formatBytes(r.final_reserved_bytes) }),
-      el("td", { class: "memlab-num", text: String(r.oom_events) }),
+      numCell(between(r, "peak_reserved_bytes"), range(r, "peak_reserved_bytes")),
+      numCell(formatBytes(r.peak_allocated_bytes)),
+      numCell(between(r, "final_reserved_bytes"), range(r, "final_reserved_bytes")),
+      numCell(between(r, "oom_events"), range(r, "oom_events")),
     ]));
     return el("div", {}, [
       el("p", { class: "memlab-doctor-note", text: json.trace_events.toLocaleString("en") + " trace events" +
@@ -297,13 +404,14 @@
              inferred: " (inferred from the out-of-memory entry)" }[json.cap_source] || "") : "") +
         ". " + replayVerdict(json.replay) }),
       el("div", { class: "memlab-scroll" }, [el("table", { class: "memlab-doctor-table" }, [
-        el("thead", {}, [head]), el("tbody", {}, rows)])])]);
+        el("thead", {}, [head]), el("tbody", {}, rows)])]),
+      uncertainNote(json.what_if || [], (x) => x.settings || "defaults") || ""]);
   }
 
-  function breakable(label) {
-    // A setting may break after ':', ',' or '_' on a phone, never inside a word.
-    const code = el("code");
-    label.split(/(?<=[:,_])/).forEach((part, i) => {
+  function breakable(label, cls) {
+    // A setting may break after ':', ',', '_' or '=' on a phone, never inside a word.
+    const code = el("code", cls ? { class: cls } : {});
+    label.split(/(?<=[:,_=])/).forEach((part, i) => {
       if (i) code.append(el("wbr"));
       code.append(document.createTextNode(part));
     });
@@ -313,27 +421,39 @@
   function replayVerdict(r) {
     if (r.matches_trace) return "The replay matches the trace exactly.";
     const m = r.first_mismatch || {};
-    return "The replay stops at trace event " + m.event_index + " (" + m.action + "): " + m.reason +
+    return "The replay stops at trace event " + m.event_index + " (" + m.action + "): " + pageWords(m.reason) +
            "; the figures cover the events before it.";
+  }
+
+  // The figure's one unit, for its axis and its legend: GiB from 1 GiB up, else MiB.
+  function figureUnit(fig) {
+    const most = Math.max(0, ...fig.runs.map((r) => Math.max(...r.reserved, 0)));
+    return most >= GiB ? { name: "GiB", bytes: GiB } : { name: "MiB", bytes: MiB };
+  }
+
+  function inUnit(b, unit) {
+    return sig(b / unit.bytes, 4) + " " + unit.name;
   }
 
   function timeline(fig, width) {
     const runs = fig.runs;
+    const unit = figureUnit(fig);
     const h = Math.max(220, Math.min(320, Math.round(width * 0.55)));
     const m = { l: 56, r: 10, t: 10, b: 40 };
     const w = width;
-    const top = Math.max(1, ...runs.map((r) => Math.max(...r.reserved, 0))) * 1.05 / MiB;
+    const top = Math.max(1, ...runs.map((r) => Math.max(...r.reserved, 0) / unit.bytes)) * 1.05;
     const xmax = Math.max(1, fig.requests);
     const X = (i) => m.l + (i / xmax) * (w - m.l - m.r);
-    const Y = (b) => h - m.b - (b / MiB / top) * (h - m.t - m.b);
+    const Y = (b) => h - m.b - (b / unit.bytes / top) * (h - m.t - m.b);
     const s = svg("svg", { width: w, height: h, viewBox: `0 0 ${w} ${h}`, role: "img", class: "memlab-doctor-svg",
       "aria-label": "Reserved and allocated memory over the requests, " + runs.map((r) => r.label + ": peak " +
         formatBytes(r.peak_reserved_bytes)).join("; ") });
     const ystep = niceStep(top, h < 260 ? 4 : 5);
-    for (let v = 0; v <= top + 1e-9; v += ystep) {
-      s.append(svg("line", { x1: m.l, x2: w - m.r, y1: Y(v * MiB), y2: Y(v * MiB), class: "memlab-doctor-grid" }));
-      s.append(svg("text", { x: m.l - 6, y: Y(v * MiB) + 4, "text-anchor": "end", class: "memlab-doctor-tick" },
-                   v >= 1024 && ystep >= 1024 ? (v / 1024) + " GiB" : sig(v, 6) + (v ? " MiB" : "")));
+    for (let k = 0; k * ystep <= top + 1e-9; k++) {
+      const v = k * ystep;
+      s.append(svg("line", { x1: m.l, x2: w - m.r, y1: Y(v * unit.bytes), y2: Y(v * unit.bytes), class: "memlab-doctor-grid" }));
+      s.append(svg("text", { x: m.l - 6, y: Y(v * unit.bytes) + 4, "text-anchor": "end", class: "memlab-doctor-tick" },
+                   sig(v, 6) + (v ? " " + unit.name : "")));
     }
     const xstep = niceStep(xmax, Math.max(2, Math.floor((w - m.l) / 90)));
     for (let v = 0; v <= xmax; v += xstep) {
@@ -360,13 +480,20 @@
   }
 
   function legend(fig, json) {
-    const counts = runsOf(json).map((r) => r.oom_events);   // the table's counts, in the same order
-    return el("ul", { class: "memlab-doctor-legend" }, fig.runs.map((r, k) => el("li", {}, [
-      el("span", { class: "memlab-doctor-swatch", style: "background:" + PALETTE[k % PALETTE.length] }),
-      el("code", { text: r.label }),
-      document.createTextNode(" peak " + formatBytes(r.peak_reserved_bytes) +
-        (counts[k] ? ", " + counts[k] + " OOM" + (counts[k] > 1 ? "s" : "") : "")),
-    ])));
+    const unit = figureUnit(fig);
+    const shown = runsOf(json);   // the table's figures, in the same order
+    return el("ul", { class: "memlab-doctor-legend" }, fig.runs.map((r, k) => {
+      const x = shown[k] || r;
+      const rng = range(x, "peak_reserved_bytes");
+      const ooms = x.oom_events;
+      return el("li", {}, [
+        el("span", { class: "memlab-doctor-swatch", style: "background:" + PALETTE[k % PALETTE.length] }),
+        breakable(r.label),
+        document.createTextNode(" peak " + (rng ? inUnit(rng[0], unit) + " to " + inUnit(rng[1], unit)
+                                                : inUnit(r.peak_reserved_bytes, unit)) +
+          (ooms ? ", " + between(x, "oom_events") + " OOM" + (ooms > 1 || range(x, "oom_events") ? "s" : "") : "")),
+      ]);
+    }));
   }
 
   function segmentMap(d, width) {
@@ -392,7 +519,7 @@
         s.append(r);
         if (bw > 58) {
           s.append(svg("text", { x: (x + bw / 2).toFixed(1), y: y + rowH / 2 + 3, "text-anchor": "middle",
-                                 class: "memlab-doctor-blocklabel" + (b.state === "inactive" ? " memlab-doctor-dark" : "") },
+                                 class: "memlab-doctor-blocklabel" + (b.state !== "active_allocated" ? " memlab-doctor-dark" : "") },
                        formatBytes(b.size, 3)));
         }
         off += b.size;
@@ -411,7 +538,7 @@
     const names = (list) => list.length ? list.map((x) => x || "defaults").join(", ") : "none of the settings tried";
     return el("section", { class: "memlab-doctor-oom", "data-key": "oom" }, [
       el("h3", { text: "Why the run ran out of memory" }),
-      el("pre", { class: "memlab-doctor-prose", text: answer.oom_text || JSON.stringify(o, null, 1) }),
+      el("pre", { class: "memlab-doctor-prose", text: pageWords(answer.oom_text || JSON.stringify(o, null, 1)) }),
       o.fits_under && o.fits_under.length ? el("p", {}, [document.createTextNode("It would have fitted under: "),
         el("code", { text: names(o.fits_under) })]) : null]);
   }
@@ -421,23 +548,24 @@
     if (!s) return null;
     const rows = (s.rows || []).slice(0, 10);
     const rec = (s.recorded || {}).settings;
-    const signed = (b) => (b > 0 ? "−" : b < 0 ? "+" : "") + formatBytes(Math.abs(b));
     const table = el("div", { class: "memlab-scroll" }, [el("table", { class: "memlab-doctor-table" }, [
       el("thead", {}, [el("tr", {}, ["setting", "peak reserved", "final reserved", "OOMs", "peak vs yours"].map(
         (h, i) => el("th", { scope: "col", class: i ? "memlab-num" : "", text: h })))]),
       el("tbody", {}, rows.map((r) => el("tr", { class: s.best && r.settings === s.best.settings ? "memlab-doctor-best" : "" }, [
         el("th", { scope: "row" }, [breakable((r.settings || "defaults") + (r.settings === rec ? " (yours)" : ""))]),
-        el("td", { class: "memlab-num", text: formatBytes(r.peak_reserved_bytes) }),
-        el("td", { class: "memlab-num", text: formatBytes(r.final_reserved_bytes) }),
-        el("td", { class: "memlab-num", text: String(r.oom_events) }),
-        el("td", { class: "memlab-num", text: signed(r.saved_bytes) })])))])]);
+        numCell(between(r, "peak_reserved_bytes"), range(r, "peak_reserved_bytes")),
+        numCell(between(r, "final_reserved_bytes"), range(r, "final_reserved_bytes")),
+        numCell(between(r, "oom_events"), range(r, "oom_events")),
+        numCell(savedText(r), r.exact === false && r.saved_range_bytes &&
+                r.saved_range_bytes[0] !== r.saved_range_bytes[1])])))])]);
     const verdict = s.best && s.alloc_conf
-      ? el("p", {}, [document.createTextNode("Use: "), el("code", { class: "memlab-doctor-conf", text: s.alloc_conf })])
+      ? el("p", {}, [document.createTextNode("Use: "), breakable(s.alloc_conf, "memlab-doctor-conf")])
       : el("p", { text: "No setting of the grid beats the one you ran with (" + (rec || "defaults") + "): keep it." });
     return el("section", { class: "memlab-doctor-suggestion", "data-key": "suggestion" }, [
       el("h3", { text: "Suggested setting" }), verdict,
       el("p", { class: "memlab-doctor-note", text: (s.rows || []).length + " settings replayed, best first" +
-        ((s.rows || []).length > 10 ? " (10 shown; all in the download)" : "") + "." }), table]);
+        ((s.rows || []).length > 10 ? " (10 shown; all in the download)" : "") + "." }), table,
+      uncertainNote(rows, (x) => x.settings || "defaults") || ""]);
   }
 
   function extraSections(json) {
@@ -528,7 +656,24 @@
     drawPlots();
   }
 
+  // A report wider than its column says that it scrolls (on a phone it wraps instead: doctor.css).
+  function reportCue() {
+    const pre = results.querySelector(".memlab-doctor-report");
+    if (!pre) return;
+    let cue = pre.previousElementSibling && pre.previousElementSibling.classList.contains("memlab-scroll-cue")
+      ? pre.previousElementSibling : null;
+    const wide = pre.scrollWidth > pre.clientWidth + 1;
+    if (wide && !cue) {
+      cue = el("p", { class: "memlab-scroll-cue memlab-doctor-note",
+                      text: "The report is wider than this column: scroll it sideways \u2192" });
+      pre.before(cue);
+    } else if (!wide && cue) {
+      cue.remove();
+    }
+  }
+
   function drawPlots() {
+    reportCue();
     const plot = results.querySelector(".memlab-doctor-plot");
     if (plot && lastFigure) plot.replaceChildren(timeline(lastFigure, Math.max(280, plot.clientWidth)));
     const seg = results.querySelector(".memlab-doctor-segmap");
