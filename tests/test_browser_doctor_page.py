@@ -31,8 +31,9 @@ CASES = ROOT / "benchmarks" / "data" / "doctor_cases"
 # record_stream hand-overs whose what-ifs the snapshot cannot settle: ranges in every table
 RANGED = CASES / "kv_two_streams.pickle.gz"
 OTHER = CASES / "handoff.pickle.gz"
-# a training loop that peaks above 1 GiB (the figure's axis then counts GiB), in torch's pickle form
-TRAINING = "training"
+# a data loader under a cap whose max_split_size_mb:128 what-if peaks at 2.09 GiB, the others at
+# 0.63 GiB: the figure's axis counts GiB in steps under 1 GiB (it was in MiB beside a legend in GiB)
+MIXED_UNITS = CASES / "loader_capped.pickle.gz"
 TICKED = ["expandable_segments:True", "max_split_size_mb:128"]
 COMBOS = [("light", 1280), ("dark", 1280), ("light", 390), ("dark", 390)]
 
@@ -57,17 +58,10 @@ FIGURE_TEXT_JS = """() => ({
 
 
 @pytest.fixture(scope="module")
-def doctor_run(browser, site, tmp_path_factory):
-    """The page after three drops: offline (before Python ever loaded), online (Python loads;
-    a training loop above 1 GiB, its figure read at 1280 and 390 px), offline again (Python
-    loaded in the tab; record_stream hand-overs with ranges). Yields (tab, {what it showed})."""
-    import pickle
-
-    from .snapshot_forms import torch_form
-    from .test_doctor_page import SNAPSHOTS
-
-    training = tmp_path_factory.mktemp("doctor") / "training.pickle"
-    training.write_bytes(pickle.dumps(torch_form(SNAPSHOTS[TRAINING]), protocol=5))
+def doctor_run(browser, site):
+    """The page after three drops: offline (before Python ever loaded), online (Python loads; a
+    data loader whose what-ifs peak at 0.63 and 2.09 GiB, its figure read at 1280 and 390 px),
+    offline again (Python loaded in the tab; record_stream hand-overs with ranges). Yields (tab, {what it showed})."""
     tab = Tab(browser, site["origin"])
     seen = {}
     try:
@@ -76,7 +70,7 @@ def doctor_run(browser, site, tmp_path_factory):
         seen["offline_first"] = _drop(tab, OTHER)
         tab.context.set_offline(False)
         tab.page.locator("#memlab-doctor").evaluate("e => { delete e.dataset.state }")
-        tab.page.set_input_files("#memlab-doctor-file", str(training))
+        tab.page.set_input_files("#memlab-doctor-file", str(MIXED_UNITS))
         t0 = time.perf_counter()
         status = ""
         while time.perf_counter() - t0 < 10 and "MB" not in status:
@@ -198,7 +192,7 @@ def test_the_figure_uses_one_unit_on_its_axis_and_in_its_legend(doctor_run):
         units = {u for t in fig["ticks"] for u in re.findall(r"\b(GiB|MiB|KiB)\b", t)}
         legend_units = {u for t in fig["legend"] for u in re.findall(r"\b(GiB|MiB|KiB)\b", t.split(" peak ", 1)[-1])}
         assert len(units) == 1 and legend_units == units, (key, fig)
-    assert {u for t in seen["figure"][1280]["ticks"] for u in re.findall(r"GiB", t)}, "the training loop peaks above 1 GiB"
+    assert {u for t in seen["figure"][1280]["ticks"] for u in re.findall(r"GiB", t)}, "the loader's what-if peaks above 1 GiB"
 
 
 # Per character of the settings written as code: broken across lines between two letters or digits?
