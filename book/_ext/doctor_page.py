@@ -270,8 +270,8 @@ def _asset_name(asset) -> str:
 
 
 def download_bytes(app) -> int:
-    """Bytes the page's worker fetches at the first file, as the site stores them (what a host
-    that compresses nothing sends; the page states this figure: issue 26)."""
+    """Bytes the page's worker fetches at the first file, as the site stores them: what a host
+    that compresses nothing sends, the most any host sends, and the figure the page states."""
     files = [pyodide_dir() / f for f in PYODIDE_FILES] + [app.memlab_doctor_snapshot]
     return sum(f.stat().st_size for f in files) + len(app.memlab_doctor_zip[1])
 

@@ -16,13 +16,13 @@
   icon, 1.49 MB) to the icons the built pages and scripts name, replacing the copy in the
   output; the theme itself is untouched.
 - Gives every page a favicon (``book/_static/favicon.svg``): without one, browsers ask for
-  ``/favicon.ico`` and get a 404 on every page (issue 26).
-- Ships only the icon glyphs the pages use (issue 26): the theme's ``<i class="fa-...">`` icons
+  ``/favicon.ico`` and get a 404 on every page.
+- Ships only the icon glyphs the pages use: the theme's ``<i class="fa-...">`` icons
   are drawn as SVG by the trimmed ``fontawesome.js``, and the few drawn from Font Awesome's
   webfont by CSS (admonition titles, the theme's ``--pst-icon-*``) come from a subset of its
   solid font (:func:`icon_codepoints`, :func:`subset_icon_font`), so that the 275 kB of
   webfonts are never fetched.
-- Answers (issue 26): in the full book, a cell marked ``memlab: {reveals: <label>}`` gets the
+- No answer before it is asked for: in the full book, a cell marked ``memlab: {reveals: <label>}`` gets the
   class ``memlab-answer`` (and ``memlab-answer-to-<label>``), and the explorer views at its
   ``points`` the attribute ``data-answer-to``, their images not loaded: ``memlab-figures.js``
   shows them only once the exercise's solution or answer has been opened, and ``memlab.js``

@@ -7,7 +7,7 @@
  * peak, and a download of the command line's --json object. The file is read in this tab
  * and sent nowhere. Config: window.memlabDoctor (book/_ext/doctor_page.py).
  *
- * Issue 26: a what-if the snapshot cannot settle shows its range in every table and in the
+ * A what-if the snapshot cannot settle shows its range in every table and in the
  * figure's legend, as the command line's report does ("X to Y"); the doctor's messages are
  * put in this page's words (its controls, not the command line's flags); the download size
  * shown is the one the site ships; setting names break only after ':', ',', '_' or '=';

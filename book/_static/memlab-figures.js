@@ -6,8 +6,8 @@
  * 2. Figures shown clearly smaller than the screen could show them open in a dialog, at
  *    most as large as the screen, on a click, a tap or Enter; Escape, a click or a tap closes
  *    it (sphinx_highlight.js cancels Escape's default on the page, so the dialog handles the
- *    key itself: issue 26).
- * 3. Answers (issue 26): an explorer view that is an exercise's answer (data-answer-to, set by
+ *    key itself).
+ * 3. Answers: an explorer view that is an exercise's answer (data-answer-to, set by
  *    book/_ext/memlab_book.py) shows a note instead of its figure until the reader has opened
  *    that exercise's solution or its answer fold (remembered in localStorage); an explorer
  *    whose first view is an answer starts at the nearest other one.

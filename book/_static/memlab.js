@@ -11,11 +11,11 @@
  * 4. Identifiers in tables (issue #19): claim ids and check names break after a dot or an
  *    underscore (a <wbr> there), never inside a word; memlab.css turns off the break
  *    anywhere that long inline code gets elsewhere.
- * 5. Tables on narrow screens (issue 26): a table wider than its column is made compact
+ * 5. Tables on narrow screens: a table wider than its column is made compact
  *    (smaller text, cells wrap between words), and one still too wide is stacked, a card per
  *    row with each cell under its column's name (memlab.css); a box that still scrolls says so.
  *    Checked again when the width changes.
- * 6. Search results (issue 26): the snippets under each result come from the page's text
+ * 6. Search results: the snippets under each result come from the page's text
  *    without its solutions and the outputs that answer an exercise (sphinx's searchtools.js
  *    reads the whole page).
  * Explorers and figure zoom: memlab-figures.js.
