@@ -82,13 +82,22 @@ sandbox: $(BWRAP)
 # The book build is the one execution of the notebooks (a cell error fails it); the tests then
 # read its pages and executed notebooks (tests/conftest.py: built_book), so nothing runs twice.
 # It is built as `make book` builds it (static explorers), and the browser tests serve it.
+# Both steps use every core, up to TEST_JOBS (default: the cores, at most 4): the notebooks are
+# executed TEST_JOBS at a time into the build's execution cache first (tests/bookbuild.py; the
+# build then only reads it; `finish` fails if it executed one again), and pytest runs in
+# TEST_JOBS processes (pytest-xdist; tests/scheduling.py keeps a module's costly set-up in one).
+# TEST_JOBS=1 executes the notebooks one at a time and runs the tests in one worker.
 # The fast loop while developing skips the build and the slow tests:
-#   .venv/bin/python -m pytest -m "not slow"
+#   .venv/bin/python -m pytest -m "not slow" -n 2
 TEST_BOOK := _build/test
+TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
+BOOK_ENV := CUDA_MEMLAB_STATIC=1 CUDA_MEMLAB_MODE=recorded
 test: notebooks browser sandbox pyodide
 	rm -rf $(TEST_BOOK)
-	CUDA_MEMLAB_STATIC=1 CUDA_MEMLAB_MODE=recorded $(BIN)/jupyter-book build . --path-output $(TEST_BOOK) --warningiserror --keep-going
-	CUDA_MEMLAB_BOOK_BUILD=$(CURDIR)/$(TEST_BOOK) $(PY) -m pytest
+	$(BOOK_ENV) $(PY) -m tests.bookbuild execute $(TEST_BOOK) --jobs $(TEST_JOBS)
+	$(BOOK_ENV) $(BIN)/jupyter-book build . --path-output $(TEST_BOOK) --warningiserror --keep-going
+	$(PY) -m tests.bookbuild finish $(TEST_BOOK)
+	CUDA_MEMLAB_BOOK_BUILD=$(CURDIR)/$(TEST_BOOK) $(PY) -m pytest -n $(TEST_JOBS) --dist loadgroup
 
 # On a GPU: the GPU-marked tests only.
 test-gpu: install

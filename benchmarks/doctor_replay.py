@@ -19,7 +19,10 @@ Wall times on a shared machine are noisy: each figure is the median of ``--repea
 the CPU seconds beside it (other processes disturb them less). Compare two versions of the
 code with ``farm-bench --vs``.
 
-Usage: python benchmarks/doctor_replay.py [--trace PATH] [--repeat N] [--synthetic]
+* with ``--layouts``, the same trace in torch 2.12's layout (read time against 2.11's, target
+  <= 1.5x; ``doctor --json`` against ``pickle.load``, target <= 6x) and a 1M-entry 2.12 trace.
+
+Usage: python benchmarks/doctor_replay.py [--trace PATH] [--repeat N] [--synthetic] [--layouts]
 """
 from __future__ import annotations
 
@@ -137,6 +140,42 @@ def real_trace(path: Path, repeat: int) -> None:
               "the CPU-time verdicts are the fairer ones")
 
 
+# ----------------------------------------------------------------------------- newer layouts
+
+def layouts(path: Path, repeat: int) -> None:
+    """The same trace as torch 2.11 and 2.12+ write it (pool_id on every entry, forward_frames on
+    every third allocation; as_layout of tests/doctor_torch_versions.py): reading time against the 2.11
+    layout's (target <= 1.5x) and against pickle.loads; ``doctor --json`` end to end on the 2.12
+    layout against pickle.load (target <= 6x); a 1M-entry 2.12 trace within the default budget."""
+    import gzip
+    import pickle
+
+    from tests.doctor_torch_versions import as_layout
+    from tests.test_doctor_newer import _million
+
+    with gzip.open(path) as f:
+        raw = pickle.load(f)   # our own recording (benchmarks/data): safe to unpickle here
+    b11 = pickle.dumps(raw, protocol=4)
+    b12 = pickle.dumps(as_layout(raw, "2.12", forward_every=3), protocol=4)
+    del raw
+    _, _, c11 = timed(lambda: read(b11), repeat)
+    _, _, c12 = timed(lambda: read(b12), repeat)
+    _, _, p12 = timed(lambda: pickle.loads(b12), repeat)
+    print(f"read, 2.11 layout: {c11:.2f} s CPU; 2.12 layout (pool_id, forward_frames on 1 alloc in 3): {c12:.2f} s "
+          f"CPU = {c12 / c11:.2f}x (target <= 1.5x: {verdict(c12 <= 1.5 * c11)}); pickle.loads of it {p12:.2f} s")
+    with tempfile.NamedTemporaryFile(suffix=".pickle") as f:
+        f.write(b12)
+        f.flush()
+        wall, cpu, _ = whole_process(["doctor", f.name, "--json"], repeat)
+    print(f"`doctor --json` end to end on the 2.12 layout: {wall:.2f} s wall, {cpu:.2f} s CPU = {cpu / p12:.1f}x "
+          f"pickle.load (target <= 6x: {verdict(cpu <= 6 * p12)}; <= 2 s: {verdict(cpu <= 2.0)})")
+    big = _million()
+    t, _, c1m = timed(lambda: read(big), 1)
+    _, _, p1m = timed(lambda: pickle.loads(big), 1)
+    print(f"1M-entry 2.12 trace ({len(big) / 2**20:.0f} MiB): read in {c1m:.2f} s CPU within the default budget "
+          f"({len(t.events):,} events; pickle.loads {p1m:.2f} s)")
+
+
 # ----------------------------------------------------------------------------- synthetic traces
 
 CODES = {"segment_alloc": 3, "segment_free": 4, "segment_map": 5, "segment_unmap": 6}
@@ -191,6 +230,7 @@ def main() -> None:
     ap.add_argument("--trace", type=Path, help=f"a snapshot pickle (default {LONG_TRACE.relative_to(ROOT)})")
     ap.add_argument("--repeat", type=int, default=3, help="runs of each measurement (median; default 3)")
     ap.add_argument("--synthetic", action="store_true", help="also the synthetic traces")
+    ap.add_argument("--layouts", action="store_true", help="also the trace in torch 2.12's layout, and a 1M-entry one")
     ap.add_argument("--events", type=int, default=1_000_000, help="events of each synthetic trace")
     a = ap.parse_args()
     path = a.trace or LONG_TRACE
@@ -198,6 +238,8 @@ def main() -> None:
         raise SystemExit(f"no trace at {path}: record it on a GPU with `python -m experiments record --experiment "
                          "alloc.doctor_cases`, or give --trace PATH")
     real_trace(path, a.repeat)
+    if a.layouts:
+        layouts(path, a.repeat)
     if a.synthetic:
         synthetic(a.events, a.repeat)
 

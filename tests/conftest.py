@@ -1,5 +1,7 @@
 """Shared test set-up: GPU tests skip without CUDA; plots render off-screen; the book is built
-(and its notebooks executed) once per run."""
+(and its notebooks executed) once per run; with pytest-xdist (`make test` runs ``-n 2``), a
+module's costly shared set-up stays in one worker and the costliest work starts first
+(tests/scheduling.py)."""
 from __future__ import annotations
 
 import os
@@ -15,7 +17,37 @@ from experiments.core.device import has_cuda
 matplotlib.use("Agg")
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """``-n N`` without ``--dist`` shares the tests out as `make test` does (``--dist loadgroup``,
+    which tests/scheduling.py implements), not by xdist's plain ``load``."""
+    if getattr(config.option, "numprocesses", None) and config.option.dist == "no":
+        config.option.dist = "loadgroup"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup``: a module with a costly module-scoped fixture runs whole in one
+    worker, everything else test by test, in the order the workers sorted (tests/scheduling.py)."""
+    if config.option.dist != "loadgroup":
+        return None
+    from tests.scheduling import make_scheduler
+
+    config.option.loadscopereorder = False  # keep the order below
+    return make_scheduler(config, log)
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
+    # In xdist's workers: the costliest work first (longest first, as a scheduler would), so that
+    # no worker is left with a long test at the end while the other idles. A stable sort, the
+    # same in every worker; a module that runs whole stays together. A run without xdist keeps
+    # the files' order.
+    if hasattr(config, "workerinput"):
+        from tests.scheduling import module_of, order_key
+
+        slow_modules = {module_of(i.nodeid) for i in items if "slow" in i.keywords}
+        items.sort(key=lambda i: order_key(i.nodeid, "slow" in i.keywords, module_of(i.nodeid) in slow_modules))
     if has_cuda():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (run on the lab GPU: pytest -m gpu)")
@@ -46,16 +78,25 @@ def built_book(tmp_path_factory) -> Path:
     The build is the one execution of each notebook (it fails on a cell error), made as
     ``make book`` makes it (static explorers). ``make test`` builds the book before pytest and
     names its folder in ``CUDA_MEMLAB_BOOK_BUILD``; without that, the first test that needs the
-    book builds it into a temporary folder.
+    book builds it into a temporary folder (once per run, whatever the xdist workers).
     """
     given = os.environ.get("CUDA_MEMLAB_BOOK_BUILD")
     if given:
         build = Path(given) / "_build"
         assert (build / "html" / "index.html").exists(), f"CUDA_MEMLAB_BOOK_BUILD={given} holds no built book"
         return build
+    from filelock import FileLock
+
     from tests.bookbuild import build_book
 
-    return build_book(tmp_path_factory.mktemp("book")) / "_build"
+    # One build per run, also with xdist: the workers' temporary folders share a parent, and the
+    # first worker to get here builds while the others wait for it.
+    shared = tmp_path_factory.getbasetemp().parent if os.environ.get("PYTEST_XDIST_WORKER") else None
+    out = (shared or tmp_path_factory.getbasetemp()) / "book"
+    with FileLock(str(out) + ".lock"):
+        if not (out / "_build" / "html" / "index.html").exists():
+            build_book(out, jobs=os.cpu_count() or 1)
+    return out / "_build"
 
 
 @pytest.fixture(scope="session")

@@ -99,9 +99,11 @@ def test_roundup_divisions_reject_bad_values(bad, match):
 
 
 @pytest.mark.parametrize("settings, match", [
-    ({"max_split_size_mb": 8}, "> 20 MiB"),
+    # torch's parser: max_split_size_mb below large_segment_size_mb (20 MiB by default) is refused
+    ({"max_split_size_mb": 8}, r">= 20 \(MiB"),
+    ({"max_split_size_mb": 40, "large_segment_size_mb": 64}, r">= 64 \(MiB"),
     ({"backend": "cudaMallocAsync"}, "native caching allocator"),
-    ({"per_process_memory_fraction": 0.5}, "cap_bytes"),
+    ({"per_process_memory_fraction": 1.5}, r"per_process_memory_fraction must be in \[0, 1\]"),
     ({"expandable_segment": True}, "unknown allocator option"),
     ({"garbage_collection_threshold": 1.5}, r"\(0, 1\)"),
     ({"expandable_segments": "yes"}, "True or False"),
@@ -109,6 +111,13 @@ def test_roundup_divisions_reject_bad_values(bad, match):
 def test_config_rejects_bad_settings(settings, match):
     with pytest.raises(ValueError, match=match):
         AllocatorConfig.from_settings(settings)
+
+
+def test_config_takes_torchs_lowest_max_split_and_a_memory_fraction():
+    # CUDAAllocatorConfig: max_split_size_mb >= large_segment_size_mb, so 20 MiB itself is allowed;
+    # per_process_memory_fraction is a cap of that fraction of the device's memory.
+    assert AllocatorConfig.from_settings({"max_split_size_mb": 20}).max_split_size == 20 * MiB
+    assert AllocatorConfig.from_settings({"per_process_memory_fraction": 0.5}).memory_fraction == 0.5
 
 
 def test_config_from_string_and_dict_agree():

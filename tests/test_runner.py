@@ -80,7 +80,8 @@ def test_alloc_conf_parse_and_render_round_trip():
 
 
 @pytest.mark.parametrize("settings, match", [
-    ({"max_split_size_mb": 20}, "max_split_size_mb must be > 20"),
+    # torch's parseMaxSplitSize: "max_split_size_mb too small, must be >= " large_segment_size_mb (20)
+    ({"max_split_size_mb": 19}, "max_split_size_mb must be >= 20"),
     ({"max_split_size_mb": "64"}, "non-negative integer"),
     ({"garbage_collection_threshold": 1.5}, r"must be in \(0, 1\)"),
     ({"roundup_power2_divisions": 3}, "power of two"),
@@ -98,5 +99,7 @@ def test_alloc_conf_knows_which_release_added_an_option():
     with pytest.raises(UnsupportedOptionError, match=r"needs torch >= 2.10; this is torch 2.4"):
         alloc_conf.render({"large_segment_size_mb": 40}, version=(2, 4))
     assert alloc_conf.render({"large_segment_size_mb": 40}, version=(2, 11)) == "large_segment_size_mb:40"
-    with pytest.raises(UnsupportedOptionError, match="2.14"):
-        alloc_conf.render({"pinned_max_cached_size_mb": 64}, version=(2, 11))
+    # the key is a string in 2.13.0's libc10.so and absent from 2.12.0's
+    with pytest.raises(UnsupportedOptionError, match=r"needs torch >= 2\.13"):
+        alloc_conf.render({"pinned_max_cached_size_mb": 64}, version=(2, 12))
+    assert alloc_conf.render({"max_split_size_mb": 20}, version=(2, 11)) == "max_split_size_mb:20"

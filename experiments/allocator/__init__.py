@@ -19,7 +19,7 @@ from .model import (  # noqa: F401
     AllocatorConfig, compact_layout, normalize_ops, request_anatomy, round_size, simulate,
 )
 from .plots import (  # noqa: F401
-    autograd_pool_totals, lab_comparison, lab_comparison_table, plot_doctor_snapshots, plot_doctor_cases, graph_pools_table,
+    autograd_pool_totals, lab_comparison, lab_comparison_table, plot_doctor_snapshots, plot_doctor_cases, plot_doctor_heldout, graph_pools_table,
     knobs_table, oom_figures_table, oom_message, oom_table, plot_anatomy,
     plot_fragmentation_oom, plot_graph_pools, plot_knobs, plot_pool_boundary, plot_request_table,
     plot_segments, plot_sequence, plot_timeline, request_table_html,
@@ -46,7 +46,7 @@ __all__ = [
     'ALLOC_CONF_DOCS', 'AllocatorConfig', 'anatomy', 'ANATOMY_SIZES', 'BIG_REQUEST_B',
     'boundary_sequences', 'BOUNDARY_SIZES', 'check_frag_index', 'check_oom_reading',
     'check_doctor_setting', 'check_pool_boundary_choice', 'doctor', 'DOCTOR_SETTINGS', 'lab_comparison',
-    'lab_comparison_table', 'own_snapshot', 'plot_doctor_snapshots', 'plot_doctor_cases', 'Report', 'check_reserved_function', 'check_timeline_prediction',
+    'lab_comparison_table', 'own_snapshot', 'plot_doctor_snapshots', 'plot_doctor_cases', 'plot_doctor_heldout', 'Report', 'check_reserved_function', 'check_timeline_prediction',
     'compact_layout', 'explain_setting_error', 'format_bytes', 'fragmentation_index',
     'fragmentation_oom', 'GRAPH_BATCH_SIZES', 'graph_capture_ops', 'GRAPH_DTYPE', 'GRAPH_HIDDEN',
     'autograd_pool_totals', 'GRAPH_ORDERS', 'graph_pools', 'graph_pools_table', 'KiB', 'KNOB_CAP_MIB', 'KNOBS', 'knobs',

@@ -522,4 +522,4 @@ def knobs() -> dict[str, Any]:
 
 # The doctor's recordings (alloc.doctor_snapshots, alloc.doctor_cases), made by the doctor's lab, are
 # registered with the chapter's experiments.
-from ..doctor.lab import cases, snapshots  # noqa: E402,F401
+from ..doctor.lab import cases, heldout, snapshots  # noqa: E402,F401

@@ -572,6 +572,16 @@ def plot_doctor_cases(result: Any, workload_settings: str = "") -> Any:
     return plot_doctor_snapshots(result, workload_settings)
 
 
+def plot_doctor_heldout(result: Any, workload_settings: str = "") -> Any:
+    """The what-if figure for a result of ``alloc.doctor_heldout`` (a program held back from the
+    doctor's design, under several settings): as :func:`plot_doctor_cases`.
+
+    Raises:
+        ValueError: ``result`` has no run under ``workload_settings``.
+    """
+    return plot_doctor_snapshots(result, workload_settings)
+
+
 def lab_comparison_table(rows: Sequence[Mapping[str, Any]]) -> Table:
     """:func:`lab_comparison` as a table: peak and final reserved MiB, the what-if's and the GPU's."""
     return Table(["setting", "what-if peak (MiB)", "GPU peak (MiB)", "what-if end (MiB)", "GPU end (MiB)"],

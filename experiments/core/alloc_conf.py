@@ -28,22 +28,24 @@ class AllocOption:
 KNOWN_OPTIONS: dict[str, AllocOption] = {o.name: o for o in [
     AllocOption("backend", "str", (2, 4), "'native' (the caching allocator) or 'cudaMallocAsync'"),
     AllocOption("expandable_segments", "bool", (2, 4), "grow one mapped segment per pool and stream"),
-    AllocOption("max_split_size_mb", "int", (2, 4), "blocks at least this large (MiB, > 20) are never split"),
+    AllocOption("max_split_size_mb", "int", (2, 4), "blocks at least this large (MiB, >= large_segment_size_mb, 20 by default) are never split"),
     AllocOption("roundup_power2_divisions", "divisions", (2, 4), "round requests to 1/N steps of their power-of-two interval"),
     AllocOption("garbage_collection_threshold", "float", (2, 4), "free old cached blocks above this fraction (0-1) of the cap"),
     AllocOption("release_lock_on_cudamalloc", "bool", (2, 4), "drop the allocator lock around cudaMalloc"),
+    AllocOption("release_lock_on_hipmalloc", "bool", (2, 4), "the same, ROCm's spelling (CUDA builds accept it)"),
+    AllocOption("pinned_use_hip_host_register", "bool", (2, 4), "pinned_use_cuda_host_register, ROCm's spelling (CUDA builds accept it)"),
     AllocOption("pinned_use_cuda_host_register", "bool", (2, 4), "pin with cudaHostRegister instead of cudaHostAlloc"),
     AllocOption("pinned_num_register_threads", "int", (2, 4), "threads that touch pages before cudaHostRegister"),
-    AllocOption("max_non_split_rounding_mb", "int", (2, 6), "how much larger than a request an unsplit block may be (MiB)"),
+    AllocOption("max_non_split_rounding_mb", "int", (2, 6), "how much larger than a request an unsplit block may be (MiB, >= large_segment_size_mb)"),
     AllocOption("pinned_use_background_threads", "bool", (2, 6), "poll pinned-block events on a background thread"),
     AllocOption("graph_capture_record_stream_reuse", "bool", (2, 9), "reuse record_stream blocks during graph capture"),
     AllocOption("large_segment_size_mb", "int", (2, 10), "segment size for 1-10 MiB requests (MiB, > 10)"),
     AllocOption("per_process_memory_fraction", "float", (2, 10), "cap on the allocator's memory, as a fraction of the device"),
     AllocOption("pinned_reserve_segment_size_mb", "int", (2, 10), "reserve one pinned region up front (MiB)"),
-    AllocOption("throw_on_cudamalloc_oom", "bool", (2, 14), "raise at once when cudaMalloc fails"),
-    AllocOption("pinned_max_round_threshold_mb", "int", (2, 14), "no power-of-two rounding for pinned requests above this (MiB)"),
-    AllocOption("pinned_max_cached_size_mb", "int", (2, 14), "pinned blocks above this (MiB) are freed, not cached"),
-    AllocOption("pinned_free_catch_all", "bool", (2, 14), "swallow errors when freeing pinned memory at shutdown"),
+    AllocOption("throw_on_cudamalloc_oom", "bool", (2, 12), "with a memory fraction: refuse a segment over it at once (no release, no retry)"),
+    AllocOption("pinned_free_catch_all", "bool", (2, 12), "swallow errors when freeing pinned memory at shutdown"),
+    AllocOption("pinned_max_round_threshold_mb", "int", (2, 13), "no power-of-two rounding for pinned requests above this (MiB)"),
+    AllocOption("pinned_max_cached_size_mb", "int", (2, 13), "pinned blocks above this (MiB) are freed, not cached"),
 ]}
 
 
@@ -123,14 +125,16 @@ def _value_text(opt: AllocOption, value: Any) -> str:
     if opt.kind == "int":
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"{opt.name} must be a non-negative integer (MiB), got {value!r}")
-        if opt.name == "max_split_size_mb" and value <= 20:
-            raise ValueError(f"max_split_size_mb must be > 20 (MiB), got {value}")
+        if opt.name == "max_split_size_mb" and value < 20:
+            raise ValueError(f"max_split_size_mb must be >= 20 (MiB; >= large_segment_size_mb), got {value}")
         return str(value)
     if opt.kind == "float":
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"{opt.name} must be a number, got {value!r}")
-        if opt.name in ("garbage_collection_threshold", "per_process_memory_fraction") and not 0 < value < 1:
+        if opt.name == "garbage_collection_threshold" and not 0 < value < 1:
             raise ValueError(f"{opt.name} must be in (0, 1), got {value}")
+        if opt.name == "per_process_memory_fraction" and not 0 <= value <= 1:
+            raise ValueError(f"{opt.name} must be in [0, 1], got {value}")
         return f"{value:g}"
     if opt.kind == "divisions":
         if isinstance(value, int) and not isinstance(value, bool):

@@ -139,6 +139,35 @@ class RecordedFile:
         }
 
 
+def _validator(schema: Mapping[str, Any], format_checker: Any = None) -> Any:
+    """A validator for ``schema``, the schema itself checked once per process.
+
+    ``jsonschema.validate`` checks the schema on every call, and that check cost 20 times the
+    validation itself: most of the time a recorded page took to build (each explorer view loads
+    its recording, and each point's data is checked against the experiment's data schema).
+
+    Raises:
+        jsonschema.SchemaError: the schema is not a valid JSON schema.
+    """
+    key = (json.dumps(schema, sort_keys=True, default=repr), format_checker is not None)
+    validator = _VALIDATORS.get(key)
+    if validator is None:
+        cls = jsonschema.validators.validator_for(schema)
+        cls.check_schema(schema)
+        validator = _VALIDATORS[key] = cls(schema, format_checker=format_checker)
+    return validator
+
+
+def _validate(validator: Any, instance: Any) -> None:
+    """``jsonschema.validate`` with a made validator: raises the same (best-matching) error."""
+    error = jsonschema.exceptions.best_match(validator.iter_errors(instance))
+    if error is not None:
+        raise error
+
+
+_VALIDATORS: dict[tuple[str, bool], Any] = {}
+
+
 def validate_document(doc: Any, data_schema: Mapping[str, Any] | None = None, *, where: str = "recorded file") -> None:
     """Check a recorded document against the file schema and the experiment's data schema.
 
@@ -151,7 +180,7 @@ def validate_document(doc: Any, data_schema: Mapping[str, Any] | None = None, *,
             f"{where}: recorded in format {doc['format']!r}, but this code reads format {FORMAT_VERSION} only; "
             f"re-record it on a GPU: python -m experiments record --experiment {doc.get('experiment', 'ID')}")
     try:
-        jsonschema.validate(doc, file_schema(), format_checker=jsonschema.FormatChecker())
+        _validate(_validator(file_schema(), jsonschema.FormatChecker()), doc)
     except jsonschema.ValidationError as e:
         path = "/".join(str(p) for p in e.absolute_path) or "(top level)"
         raise RecordedFileError(f"{where}: {path}: {e.message}") from None
@@ -162,9 +191,10 @@ def validate_document(doc: Any, data_schema: Mapping[str, Any] | None = None, *,
         raise RecordedFileError(f"{where}: provenance/date: {doc['provenance']['date']!r} is not an ISO 8601 "
                                 f"date-time with a time zone ({e})") from None
     if data_schema is not None:
+        data_validator = _validator(data_schema)
         for i, point in enumerate(doc["points"]):
             try:
-                jsonschema.validate(point["data"], data_schema)
+                _validate(data_validator, point["data"])
             except jsonschema.ValidationError as e:
                 path = "/".join(str(p) for p in e.absolute_path) or "(data)"
                 raise RecordedFileError(f"{where}: point {i} data/{path}: {e.message}") from None

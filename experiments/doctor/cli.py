@@ -78,13 +78,23 @@ def _arguments(p: argparse.ArgumentParser) -> None:
                         "print(r.JSON_FIELDS)')")
     p.add_argument("--workers", type=int, metavar="N",
                    help="processes for the what-ifs and the grid (default: this machine's cores, for long traces)")
+    p.add_argument("--total-memory", type=int, metavar="BYTES",
+                   help="the device's memory (torch.cuda.get_device_properties(0).total_memory), which no snapshot "
+                        "records: used by --cap-fraction, by per_process_memory_fraction in the recorded settings and "
+                        "by the expandable-segment range size (default: the snapshot's, else the lab H200's)")
     p.add_argument("--max-bytes", type=int, metavar="BYTES", default=DEFAULT_LIMITS.max_bytes,
                    help=f"read snapshots up to this size once decompressed (default {DEFAULT_LIMITS.max_bytes >> 20} MiB)")
+    p.add_argument("--max-events", type=int, metavar="N", default=DEFAULT_LIMITS.max_events,
+                   help=f"read traces of up to this many entries (default {DEFAULT_LIMITS.max_events:,})")
+    p.add_argument("--read-budget", type=int, metavar="BYTES", default=DEFAULT_LIMITS.budget_bytes,
+                   help="memory the objects of a snapshot other than its trace may take while it is read "
+                        f"(default {DEFAULT_LIMITS.budget_bytes >> 20} MiB)")
     p.set_defaults(func=run_cli)
 
 
 # what the command calls each option of doctor() in its messages
-OPTION_NAMES = {"cap_bytes": "--cap", "cap_fraction": "--cap-fraction", "device": "--device", "workers": "--workers"}
+OPTION_NAMES = {"cap_bytes": "--cap", "cap_fraction": "--cap-fraction", "device": "--device", "workers": "--workers",
+                "total_memory": "--total-memory"}
 
 
 @dataclasses.dataclass
@@ -158,12 +168,15 @@ def _report(args: argparse.Namespace, progress: Callable[[Any], Any] | None, ser
     from .answers.report import check_options, doctor
 
     check_options(cap_bytes=args.cap, cap_fraction=args.cap_fraction, device=args.device, workers=args.workers,
-                  names=OPTION_NAMES)
-    if args.max_bytes < 1:
-        raise InputError(f"--max-bytes must be a positive number of bytes, got {args.max_bytes}")
+                  total_memory=args.total_memory, names=OPTION_NAMES)
+    for flag, v in (("--max-bytes", args.max_bytes), ("--max-events", args.max_events),
+                    ("--read-budget", args.read_budget)):
+        if v < 1:
+            raise InputError(f"{flag} must be a positive number, got {v}")
+    limits = Limits(max_bytes=args.max_bytes, max_events=args.max_events, budget_bytes=args.read_budget)
     return doctor(args.snapshot, args.what_if, cap_bytes=args.cap, cap_fraction=args.cap_fraction,
-                  device=args.device, limits=Limits(max_bytes=args.max_bytes), suggest=args.suggest,
-                  workers=args.workers, series=series, progress=progress)
+                  device=args.device, limits=limits, suggest=args.suggest, workers=args.workers, series=series,
+                  progress=progress, total_memory=args.total_memory)
 
 
 class _Shown:

@@ -63,6 +63,13 @@ def _frames_of(trace: Any, key: int | None, addr: int) -> list[list[Any]]:
     return [[f, line, name] for f, line, name in frames[:MAX_FRAMES]]
 
 
+def _forward_of(trace: Trace, key: int | None) -> list[list[Any]]:
+    # torch 2.12+: a block allocated in the backward pass carries the forward pass's stack
+    if key is None:
+        return []
+    return [[f, line, name] for f, line, name in trace.forward_frames(key)[:MAX_FRAMES]]
+
+
 def your_frame(frames: Sequence[Sequence[Any]]) -> Sequence[Any] | None:
     """The innermost frame outside torch and Python's own files (the line in your program)."""
     for f in frames:
@@ -114,7 +121,8 @@ def explain(trace: Any, base: Run, *, cap_bytes: int | None, total_memory: int,
                            "stream": s["stream"], "free_bytes": nfree, "live_block_count": len(live),
                            "live_blocks": [{"address": b["address"], "size": b["size"],
                                             "requested_size": b["requested_size"],
-                                            "frames": _frames_of(trace, at.live_keys.get(b["address"]), b["address"])}
+                                            "frames": _frames_of(trace, at.live_keys.get(b["address"]), b["address"]),
+                                            "forward_frames": _forward_of(trace, at.live_keys.get(b["address"]))}
                                            for b in live[:TOP_BLOCKS]]})
     pinned.sort(key=lambda p: -p["free_bytes"])
     out["pinned"] = pinned[:TOP_SEGMENTS]

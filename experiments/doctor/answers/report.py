@@ -24,11 +24,11 @@ from typing import Any, Callable, Mapping, Sequence
 from ...core.tables import Table
 from ...core.units import format_bytes
 from ..errors import InputError
-from ..model.rules import H200_TOTAL_MEMORY
+from ..model.rules import H200_TOTAL_MEMORY, NOT_PLACEMENT, unmodelled_options
 from ..reading.loader import DEFAULT_LIMITS, Limits
 from ..reading.rows import SIZE_LIMIT
 from ..reading.trace import Trace, read
-from ..replaying.replay import replay
+from ..replaying.replay import RULE_NOTES, replay
 from ..replaying.run import Run
 from .oom import explain, first_oom, infer_cap, your_frame
 from .progress import Progress, Step
@@ -41,9 +41,20 @@ JSON_FIELDS = """The ``--json`` object (``Report.to_json()``), format ``memlab-d
 format            'memlab-doctor-report-1'
 trace_events      events in the trace (annotations left out)
 settings          the PYTORCH_CUDA_ALLOC_CONF the program ran with ('' = the defaults)
-device_total_bytes  the device's memory (the snapshot's, else the lab H200's)
+device_total_bytes  the device's memory (given, the snapshot's, else the lab H200's)
+device_total_source 'given' (--total-memory), 'snapshot' or 'assumed' (the lab H200's)
 cap_bytes         the memory cap the what-ifs ran under, or null
-cap_source        'given', 'fraction', 'snapshot', 'inferred' (from the OOM entry) or null
+cap_source        'given', 'fraction', 'snapshot', 'settings' (per_process_memory_fraction in the
+                  recorded settings), 'inferred' (from the OOM entry) or null
+allocator_rule    the best-fit order between equal free blocks the replay followed: version
+                  ('2.11': 2.11 and before, by address; '2.12': by Block age; '2.13': 2.13 and
+                  2.14, by segment age then address), tried (the orders run, in order), ties
+                  (choices between equal blocks it decided), note (how it is known: the 2.12
+                  and 2.13 orders are read from the source, not yet checked on a GPU), layout
+                  (the trace's layout: '2.11', '2.12' with pool_id, '2.14' with annotate/host keys)
+warnings          one line each: recorded settings not modelled, the device memory assumed where
+                  it matters, a cap below the recording's need, skipped trace actions, a GC
+                  threshold without a known cap
 replay            settings, matches_trace, first_mismatch (null, or event_index, action,
                   reason, expected, got), final/peak reserved and allocated bytes, oom_events
 what_if           one object per --what-if: settings, final/peak reserved and allocated bytes,
@@ -53,14 +64,17 @@ what_if           one object per --what-if: settings, final/peak reserved and al
                   restores, lifetime of requests that failed in the recording), bound_bytes
                   (the most peak or final reserved may be off by; 0 when exact),
                   peak_reserved_range_bytes and final_reserved_range_bytes ([low, high]),
-                  oom_events_range ([fewest, most])
+                  oom_events_range ([fewest, most]), finished (false when a request the
+                  recording served runs out of memory: a program that does not catch the error
+                  stops there) and stopped_at_request (that request, or null)
 oom               null, or the explanation of the first out-of-memory: event_index,
                   request_bytes, rounded_bytes, segment_bytes, pool, stream, device_free_bytes,
                   cap_bytes, allocated_bytes, reserved_bytes, reserved_unallocated_bytes,
                   largest_free_bytes, followed, pinned (segments with free bytes that live
                   blocks pin: address, segment_bytes, pool, stream, free_bytes,
                   live_block_count, live_blocks [address, size, requested_size, frames
-                  [[file, line, name], ...]]), fits_under, fails_under (settings
+                  [[file, line, name], ...], forward_frames (torch 2.12+: the forward pass's
+                  stack of a block allocated in the backward pass)]), fits_under, fails_under (settings
                   whose exact what-if served / refused the request), uncertain_under
                   (settings whose what-if is not exact)
 suggestion        null, or (with --suggest) rows (every setting tried, best first:
@@ -143,7 +157,7 @@ def _pinning(segments: Sequence[Mapping[str, Any]], top: int = 5) -> list[dict[s
 
 
 def check_options(*, cap_bytes: Any = None, cap_fraction: Any = None, device: Any = 0, workers: Any = None,
-                  names: Mapping[str, str] | None = None) -> None:
+                  total_memory: Any = None, names: Mapping[str, str] | None = None) -> None:
     """The checks of :func:`doctor`'s options, which the command line makes too (``names``:
     what to call each option in the message, e.g. ``{"cap_bytes": "--cap"}``).
 
@@ -166,13 +180,17 @@ def check_options(*, cap_bytes: Any = None, cap_fraction: Any = None, device: An
         raise InputError(f"{name('device')} must be a device index >= 0, got {device!r}")
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
         raise InputError(f"{name('workers')} must be a whole number >= 1, got {workers!r}")
+    if total_memory is not None and (isinstance(total_memory, bool) or not isinstance(total_memory, int)
+                                     or not 0 < total_memory < SIZE_LIMIT):
+        raise InputError(f"{name('total_memory')} must be a whole number of bytes in (0, {SIZE_LIMIT:#x}), "
+                         f"got {total_memory!r}")
 
 
 def doctor(snapshot: Any, what_if: Sequence[str] = (), *, cap_bytes: int | None = None,
            cap_fraction: float | None = None, device: int = 0, show: bool = False,
            limits: Limits = DEFAULT_LIMITS, suggest: bool = False, explain_oom: bool = True,
            workers: int | None = None, series: bool = False,
-           progress: Callable[[Step], Any] | None = None) -> Report:
+           progress: Callable[[Step], Any] | None = None, total_memory: int | None = None) -> Report:
     """Replay ``snapshot`` and answer the what-ifs.
 
     Args:
@@ -180,10 +198,14 @@ def doctor(snapshot: Any, what_if: Sequence[str] = (), *, cap_bytes: int | None 
         what_if: settings strings in ``PYTORCH_CUDA_ALLOC_CONF`` syntax ('' = defaults), each
             parsed once (:class:`~experiments.doctor.answers.whatif.WhatIf`).
         cap_bytes / cap_fraction: a memory cap for the what-ifs (bytes, or a fraction of the
-            device's memory: the snapshot's ``device_total_bytes`` or the H200's); default the
-            cap the snapshot records, if any; for a snapshot that records none and ran out of
-            memory, the cap is inferred from its out-of-memory entry
-            (:func:`experiments.doctor.answers.oom.infer_cap`).
+            device's memory); default the cap the snapshot records, or the one its recorded
+            ``per_process_memory_fraction`` sets, if any; for a snapshot that records none and
+            ran out of memory, the cap is inferred from its out-of-memory entry
+            (:func:`experiments.doctor.answers.oom.infer_cap`). A cap below what the recording
+            reserved is not the recording's own: the recording is replayed without it.
+        total_memory: the device's memory in bytes (no snapshot records it): used by
+            ``cap_fraction``, by ``per_process_memory_fraction`` and by the expandable range
+            size; default the snapshot's, else the lab H200's (the report says which).
         suggest: also replay the grid of :mod:`experiments.doctor.answers.suggest` and rank it.
         explain_oom: for a trace with an out-of-memory error, explain the first one (which
             runs the grid too, to say which settings would have fitted).
@@ -205,7 +227,8 @@ def doctor(snapshot: Any, what_if: Sequence[str] = (), *, cap_bytes: int | None 
             trace, bad settings or cap (:func:`check_options`); the message is one line naming
             what is wrong. Any other exception is a bug in the doctor.
     """
-    check_options(cap_bytes=cap_bytes, cap_fraction=cap_fraction, device=device, workers=workers)
+    check_options(cap_bytes=cap_bytes, cap_fraction=cap_fraction, device=device, workers=workers,
+                  total_memory=total_memory)
     if isinstance(what_if, str):
         what_if = [what_if]
     parsed = [WhatIf.parse(s) for s in what_if]
@@ -213,7 +236,18 @@ def doctor(snapshot: Any, what_if: Sequence[str] = (), *, cap_bytes: int | None 
     t = tell.start("read")
     trace = read(snapshot, device=device, limits=limits)
     tell.done("read", trace, since=t)
-    total = trace.total_memory or H200_TOTAL_MEMORY
+    warnings: list[str] = []
+    if total_memory is not None:
+        total, total_source = total_memory, "given"
+    elif trace.total_memory:
+        total, total_source = trace.total_memory, "snapshot"
+    else:
+        total, total_source = H200_TOTAL_MEMORY, "assumed"
+    for name in unmodelled_options(trace.settings):
+        warnings.append(f"recorded setting {name}: " + (
+            "does not change where device blocks go; not modelled" if name in NOT_PLACEMENT else
+            "unknown to the doctor (a newer torch's option, or another build's): replayed without it"))
+    fraction = trace.config.memory_fraction
     source = None
     if cap_bytes is not None:
         cap, source = cap_bytes, "given"
@@ -221,9 +255,21 @@ def doctor(snapshot: Any, what_if: Sequence[str] = (), *, cap_bytes: int | None 
         cap, source = int(cap_fraction * total), "fraction"
     elif trace.cap_bytes is not None:
         cap, source = trace.cap_bytes, "snapshot"
+    elif fraction is not None:
+        cap, source = int(fraction * total), "settings"
     else:
         cap = infer_cap(trace, total) if first_oom(trace) is not None else None
         source = "inferred" if cap is not None else None
+    if total_source == "assumed":
+        needs = [why for why, used in (
+            ("--cap-fraction", cap_fraction is not None),
+            (f"per_process_memory_fraction:{fraction or 0:g} in the recorded settings", fraction is not None),
+            ("the expandable-segment range size", trace.config.expandable_segments
+             or any(w.config.expandable_segments for w in parsed))) if used]
+        if needs:
+            warnings.append(f"the device memory is not known (no snapshot records it): assumed the lab H200's "
+                            f"{format_bytes(total)} for {', '.join(needs)}; give --total-memory BYTES "
+                            "(torch.cuda.get_device_properties(0).total_memory)")
     replay_cap = trace.cap_bytes if trace.cap_bytes is not None else cap
     t = tell.start("replay")
     base = replay(trace, cap_bytes=replay_cap, total_memory=total, series=series)
@@ -233,9 +279,28 @@ def doctor(snapshot: Any, what_if: Sequence[str] = (), *, cap_bytes: int | None 
         source = None
         base.first_mismatch["reason"] = ("the GPU ran out of memory here, under a cap the snapshot does not record "
                                          "(set_per_process_memory_fraction?): pass --cap BYTES or --cap-fraction F")
+    elif source in ("given", "fraction") and trace.cap_bytes is None and not base.matches_trace:
+        # the cap asked about is below what the recording needed: not the recording's own cap
+        free = replay(trace, total_memory=total, series=series)
+        if free.matches_trace or free.events_replayed > base.events_replayed:
+            warnings.append(f"the cap asked about ({format_bytes(cap)}) is below what the recording reserved "
+                            f"({format_bytes(free.peak_reserved_bytes)}): the recording is replayed without it, the "
+                            "what-ifs run under it")
+            base, replay_cap = free, None
+    if trace.skipped_actions and "free_requested" in trace.skipped_actions:
+        warnings.append("the trace has no free_requested entries (recorded with _record_memory_history("
+                        "skip_actions=['free_requested'])): each free counts where it completed; allocated bytes "
+                        "between a record_stream free and its completion are not known")
+    if trace.config.garbage_collection_threshold and replay_cap is None:
+        gc = trace.config.garbage_collection_threshold
+        where = (f"; the trace puts the cap between {format_bytes(base.gc_cap_range[0])} and "
+                 f"{format_bytes(base.gc_cap_range[1])}" if base.gc_cap_range and
+                 base.gc_cap_range[0] <= base.gc_cap_range[1] else "")
+        warnings.append(f"garbage_collection_threshold:{gc:g} acts only under a memory cap, which the snapshot does "
+                        f"not record: the collector's releases are taken from the trace{where}; pass --cap BYTES")
     tell.done("replay", base, since=t)
     runs = run_many(base, parsed, cap_bytes=cap, total_memory=total, workers=workers, series=series, progress=tell)
-    report = Report(trace, base, runs, parsed, cap, total, source, replay_cap)
+    report = Report(trace, base, runs, parsed, cap, total, source, replay_cap, total_source, warnings)
     tell.done("report", report)
     oom_at = first_oom(trace)
     if suggest or (explain_oom and oom_at is not None):
@@ -279,6 +344,8 @@ class Report:
     total_memory: int
     cap_source: str | None = None
     replay_cap: int | None = None
+    total_source: str = "assumed"
+    warnings: list[str] = dataclasses.field(default_factory=list)
     oom: dict[str, Any] | None = None
     suggestion: dict[str, Any] | None = None
     _layouts: dict[int, list[dict[str, Any]]] = dataclasses.field(default_factory=dict, repr=False)
@@ -292,7 +359,7 @@ class Report:
             t = self.trace
             if run is self.replay and run.matches_trace:
                 segs = replay(t, cap_bytes=self.replay_cap, total_memory=self.total_memory,
-                              stop_at=run.peak_event + 1, series=False).final_segments
+                              stop_at=run.peak_event + 1, series=False, rule=run.rule).final_segments
             else:
                 if run is self.replay:
                     wi, cap = WhatIf(t.settings, t.config), self.replay_cap
@@ -312,7 +379,8 @@ class Report:
         key = id(run)
         if key not in self._series:
             if run is self.replay:
-                self._series[key] = replay(self.trace, cap_bytes=self.replay_cap, total_memory=self.total_memory)
+                self._series[key] = replay(self.trace, cap_bytes=self.replay_cap, total_memory=self.total_memory,
+                                           rule=run.rule)
             else:
                 wi = self.what_if_settings[self.what_ifs.index(run)]
                 self._series[key] = _what_if(self.replay, wi, cap_bytes=self.cap_bytes,
@@ -324,8 +392,13 @@ class Report:
         sug = None
         if self.suggestion is not None:
             sug = {k: v for k, v in self.suggestion.items() if k != "runs"}
+        r = self.replay
         return {"format": FORMAT, "trace_events": len(self.trace.events), "settings": self.trace.settings,
-                "device_total_bytes": self.total_memory, "cap_bytes": self.cap_bytes, "cap_source": self.cap_source,
+                "device_total_bytes": self.total_memory, "device_total_source": self.total_source,
+                "cap_bytes": self.cap_bytes, "cap_source": self.cap_source,
+                "allocator_rule": {"version": r.rule, "tried": list(r.rules_tried), "ties": r.rule_ties,
+                                   "note": RULE_NOTES[r.rule], "layout": self.trace.layout},
+                "warnings": list(self.warnings),
                 "replay": self.replay.summary(),
                 "what_if": [w.summary() for w in self.what_ifs],
                 "oom": self.oom, "suggestion": sug}
@@ -374,10 +447,25 @@ class Report:
         if self.what_ifs:
             parts += ["the same requests under each setting:"] + \
                 ["  " + line for line in str(self.table(notes=False)).splitlines()] + \
-                ["  " + line for line in _uncertain_lines(self.rows(), "label")]
+                ["  " + line for line in _uncertain_lines(self.rows(), "label")] + \
+                ["  " + line for line in self.stopped_lines()]
         if self.suggestion is not None:
             parts.append(self.suggestion_text())
         return "\n".join(parts)
+
+    def stopped_lines(self) -> list[str]:
+        """One line per what-if in which a request the recording served runs out of memory: where
+        a program that does not catch the error stops, and how much of the trace came before."""
+        n = len(self.replay.requests) or 1
+        out = []
+        for w in self.what_ifs:
+            if not w.finished:
+                k = w.stopped_at_request or 0
+                out.append(f"{w.settings or 'defaults'}: runs out of memory at request {k:,} of {n:,} "
+                           f"({100 * k / n:.0f}% of the trace), where the recording did not; a program that does not "
+                           f"catch the error stops there ({w.new_ooms} such error{'s' if w.new_ooms != 1 else ''} "
+                           "counted if it goes on); not suggested")
+        return out
 
     def suggestion_text(self) -> str:
         """The ranked grid and the line to use."""
@@ -422,7 +510,9 @@ class Report:
                 held = []
                 for b in p["live_blocks"]:
                     f = your_frame(b["frames"])
-                    held.append(format_bytes(b["size"]) + (f" ({f[0].rsplit('/', 1)[-1]}:{f[1]} {f[2]})" if f else ""))
+                    fw = your_frame(b.get("forward_frames") or [])
+                    held.append(format_bytes(b["size"]) + (f" ({f[0].rsplit('/', 1)[-1]}:{f[1]} {f[2]})" if f else "")
+                                + (f" (backward of {fw[0].rsplit('/', 1)[-1]}:{fw[1]} {fw[2]})" if fw else ""))
                 more = p["live_block_count"] - len(p["live_blocks"])
                 lines.append(f"    {format_bytes(p['segment_bytes'])} {p['pool']} segment at {p['address']:#x}: "
                              f"{format_bytes(p['free_bytes'])} free, held by {', '.join(held)}"
@@ -447,6 +537,12 @@ class Report:
         if self.cap_bytes:
             cap = f"; cap {format_bytes(self.cap_bytes)}" + (f" ({self.cap_source})" if self.cap_source else "")
         lines = [f"snapshot: {len(t.events):,} trace events; settings: {t.settings or 'defaults'}" + cap]
+        lines.append(f"device memory: {format_bytes(self.total_memory)} ({self.total_source})")
+        lines += ["note: " + w for w in self.warnings]
+        lines.append(f"allocator rule: torch {r.rule}{'+' if r.rule == '2.13' else ''} best-fit order between equal "
+                     f"free blocks ({RULE_NOTES[r.rule]}; {r.rule_ties} tie{'s' if r.rule_ties != 1 else ''} decided"
+                     + (f"; also tried {', '.join(x for x in r.rules_tried if x != r.rule)}"
+                        if len(r.rules_tried) > 1 else "") + ")")
         if r.matches_trace:
             lines.append("replay: matches the trace exactly (every segment event, block address and reserved byte)")
         else:

@@ -186,7 +186,9 @@ def suggest(base: Run, recorded: str, *, cap_bytes: int | None, total_memory: in
         runs.update(zip(more, run_many(base, [WhatIf.parse(s) for s in more], cap_bytes=cap_bytes,
                                        total_memory=total_memory, workers=workers, progress=progress, stage="grid",
                                        first=len(first))))
-    ranked = sorted(runs.items(), key=lambda kv: rank_key(*kv))
+    # a run in which a request the recording served fails did not finish (unless the program
+    # catches the error): it is ranked after every run that did, and never suggested
+    ranked = sorted(runs.items(), key=lambda kv: (not kv[1].finished, rank_key(*kv)))
     rec = {"settings": recorded, "peak_reserved_bytes": base.peak_reserved_bytes,
            "final_reserved_bytes": base.final_reserved_bytes, "oom_events": base.oom_events}
     rows = []
@@ -196,7 +198,7 @@ def suggest(base: Run, recorded: str, *, cap_bytes: int | None, total_memory: in
         lo, hi = r.peak_reserved_range_bytes or (r.peak_reserved_bytes, r.peak_reserved_bytes)
         row["saved_range_bytes"] = [base.peak_reserved_bytes - hi, base.peak_reserved_bytes - lo]
         rows.append(row)
-    top = rows[0] if rows else None
+    top = rows[0] if rows and rows[0].get("finished", True) else None
     worst_ooms = (top.get("oom_events_range") or [0, top["oom_events"]])[1] if top else 0
     # Without a cap no what-if can run out of memory: the GPU's OOMs (under a cap the snapshot
     # does not record) are then no measure to beat, only the peak is.

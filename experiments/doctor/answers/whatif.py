@@ -132,17 +132,75 @@ def _certainty(run: Run, eng: Engine, base: Run, wi: WhatIf, cap_bytes: int | No
         # it failed on the GPU, so the trace does not say how long the program would have kept it
         uncertain.append("lifetime of requests that failed in the recording")
         others.append(_run_requests(base, base.requests, wi, cap_bytes, total_memory, None, keep_retries=True)[0])
+    before = 0
+    if base.initial:
+        # blocks from before the recording began: under other settings the program's history
+        # up to then (what it freed, in what order) would have left another cache; at most the
+        # cached bytes of then, and a page of each pool, may come out otherwise
+        uncertain.append("allocations before the recording started")
+        before = max(0, base.start_reserved - base.start_allocated) + LARGE_PAGE + SMALL_BUFFER
     runs = [run] + others
     dev = max(max(abs(o.peak_reserved_bytes - run.peak_reserved_bytes),
                   abs(o.final_reserved_bytes - run.final_reserved_bytes)) for o in runs)
     run.exact = not uncertain
     run.uncertain = uncertain
-    run.bound_bytes = max(dev, attribution) + timing
+    run.bound_bytes = max(dev, attribution) + timing + before
     bound = run.bound_bytes
     run.peak_reserved_range_bytes = (max(0, run.peak_reserved_bytes - bound), run.peak_reserved_bytes + bound)
     run.final_reserved_range_bytes = (max(0, run.final_reserved_bytes - bound), run.final_reserved_bytes + bound)
     ooms = [o.oom_events for o in runs]
     run.oom_events_range = (min(ooms), max(ooms))
+    if cap_bytes is not None:
+        # reserved bytes never pass the cap (mapped pages may by less than a page)
+        top = cap_bytes + (wi.config.large_segment_size if wi.config.expandable_segments else 0)
+        run.peak_reserved_range_bytes = (min(run.peak_reserved_range_bytes[0], top), min(run.peak_reserved_range_bytes[1], top))
+        run.final_reserved_range_bytes = (min(run.final_reserved_range_bytes[0], top), min(run.final_reserved_range_bytes[1], top))
+    if base.oom_events and (run.retries_fit or run.new_ooms) and _reacts(base):
+        # The program carried on after out-of-memory errors: here a request that failed on the
+        # GPU fits, or one it served fails, so what the program did next (its own reaction:
+        # drop a step, preempt a request, retry) is not in the trace. Reserved bytes stay under
+        # the cap (or the device); the count of errors is open.
+        run.exact = False
+        run.uncertain = uncertain + ["what the program did after an out-of-memory error it caught"]
+        top = cap_bytes if cap_bytes is not None else total_memory
+        if wi.config.expandable_segments:
+            top += wi.config.large_segment_size   # pages are mapped whole: the cap check counts the request
+        run.peak_reserved_range_bytes = (min(run.peak_reserved_range_bytes[0], base.start_reserved), max(top, run.peak_reserved_bytes))
+        run.final_reserved_range_bytes = (0, max(top, run.final_reserved_bytes))
+        n_after = len(base.requests) - (min(k for k, _ in run.oom_requests) if run.oom_requests else 0)
+        run.oom_events_range = (0, max(max(ooms), base.oom_events + n_after))
+        run.bound_bytes = max(run.peak_reserved_range_bytes[1] - run.peak_reserved_bytes,
+                              run.peak_reserved_bytes - run.peak_reserved_range_bytes[0])
+
+
+def _reacts(base: Run) -> bool:
+    """Whether the recorded program reacted to an out-of-memory error it caught, so that what it
+    asked for next depended on the error: right after a failed request it freed blocks it had
+    made since its last free (it dropped the work under way), or it freed and asked for the same
+    size again (it made room and retried). A probe (a buffer asked for and given up, the program
+    going on as before) does neither."""
+    reqs = base.requests
+    data, extras = reqs.data, reqs.extras
+    sizes, _ = reqs.sizes_streams()
+    for k, x in enumerate(data):
+        if x & 7 != R_RETRY:
+            continue
+        last_free = next((j for j in range(k - 1, max(-1, k - 4096), -1) if data[j] & 7 == R_FREE_REQ), -1)
+        recent = {data[j] >> KEY_SHIFT for j in range(last_free + 1, k) if data[j] & 7 == R_ALLOC}
+        freed = False
+        for y in data[k + 1:k + 4096]:
+            kind = y & 7
+            if kind == R_FREE_REQ:
+                freed = True
+                if y >> KEY_SHIFT in recent:
+                    return True
+            elif kind == R_ALLOC:
+                if freed and sizes[y >> KEY_SHIFT] == extras[k][1]:
+                    return True
+                break
+            elif kind == R_RETRY:
+                break
+    return False
 
 
 class _DriverSync:
@@ -182,7 +240,9 @@ class _DriverSync:
 def _run_requests(base: Run, requests: Requests, wi: WhatIf, cap_bytes: int | None, total_memory: int,
                   stop_at: int | None, address_order: str = "down", keep_retries: bool = False,
                   series: bool = False) -> tuple[Run, Engine]:
-    eng = Engine(wi.config, cap_bytes=cap_bytes, total_memory=total_memory, address_order=address_order)
+    # the what-if follows the best-fit order of the torch release the recording matched
+    eng = Engine(wi.config, cap_bytes=cap_bytes, total_memory=total_memory, address_order=address_order,
+                 rule=base.rule)
     # The driver picks segment addresses from the history of cudaMalloc and cudaFree calls.
     # While the what-if makes the same calls as the GPU's run, in the same order, it takes
     # the GPU's addresses (ties between equal free blocks go by address); from the first
@@ -190,7 +250,7 @@ def _run_requests(base: Run, requests: Requests, wi: WhatIf, cap_bytes: int | No
     sync = _DriverSync(base.segment_log, eng)
     address = sync.address
     eng.address_hook = address
-    run = Run(wi.settings)
+    run = Run(wi.settings, rule=base.rule)
     blocks: dict[int, Any] = {}
     for key, req, stream, pool in base.initial:
         try:
@@ -220,6 +280,10 @@ def _run_requests(base: Run, requests: Requests, wi: WhatIf, cap_bytes: int | No
                     open_peak = max(open_peak, open_live)
             except EngineOutOfMemory:
                 run.oom_requests.append((k, sizes[key]))
+                run.new_ooms += 1
+                if run.finished:        # the recording served it: a program that does not catch
+                    run.finished = False            # out-of-memory errors stops here
+                    run.stopped_at_request = k
         elif kind == R_FREE_REQ:
             key = x >> KEY_SHIFT
             b = blocks.get(key)

@@ -5,5 +5,6 @@ rest of the doctor never imports it, and the page in the browser never ships it.
 :mod:`.recorder` (what every program uses: phase marks with the GPU's counters, allocation,
 probes, calibrated GPU work), :mod:`.snapshots` (the book's seven workloads, recorded as
 ``alloc.doctor_snapshots``, and the reader's own snapshot), :mod:`.programs` and :mod:`.cases`
-(the test oracles, recorded as ``alloc.doctor_cases``). Chapter 1 registers both experiments
+(the test oracles, recorded as ``alloc.doctor_cases``), :mod:`.heldout` (programs the doctor was
+not built on, recorded as ``alloc.doctor_heldout``). Chapter 1 registers the experiments
 (their ids keep its prefix). Import the modules; this file re-exports nothing."""

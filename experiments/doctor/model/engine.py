@@ -50,6 +50,11 @@ from .rules import (DEFAULT, DEFAULT_POOL, H200_TOTAL_MEMORY, MIN_BLOCK_SIZE, SM
                     round_size, should_split)
 
 _NO_LIMIT = 1 << 62
+_ADDR = (1 << 64) - 1                 # a free list's order key holds the block's address in its low bits
+# Best fit's order between equal-size free blocks, by torch release (RULES.md §G; read from the
+# releases' libc10_cuda.so: BlockComparatorSize, BlockComparatorRegistrationCounter,
+# BlockComparatorSizeCounterAddress). 2.14 orders as 2.13.
+RULES = ("2.11", "2.12", "2.13")
 
 
 class EngineOutOfMemory(RuntimeError):
@@ -65,11 +70,13 @@ class EngineOutOfMemory(RuntimeError):
 class Block:
     """A contiguous range of one segment; ``allocated`` or free, ``mapped`` unless expandable."""
 
-    __slots__ = ("addr", "size", "requested", "seg", "prev", "next", "allocated", "mapped", "gc_base", "pending")
+    __slots__ = ("addr", "size", "requested", "seg", "prev", "next", "allocated", "mapped", "gc_base", "pending",
+                 "tie")
 
     def __init__(self, addr: int, size: int, seg: "Segment", prev: "Block | None" = None,
-                 next: "Block | None" = None, mapped: bool = True):
+                 next: "Block | None" = None, mapped: bool = True, tie: int = 0):
         self.addr, self.size, self.seg = addr, size, seg
+        self.tie = tie            # torch 2.12: the counter this Block object took when made
         self.prev, self.next = prev, next
         self.requested = 0
         self.allocated = False
@@ -82,41 +89,59 @@ class Segment:
     """One cudaMalloc result, or one expandable virtual range, of one (pool, stream).
     ``synthetic``: its address is the engine's choice, not the driver's."""
 
-    __slots__ = ("addr", "size", "stream", "pool_id", "small", "expandable", "head", "synthetic")
+    __slots__ = ("addr", "size", "stream", "pool_id", "small", "expandable", "head", "synthetic", "counter")
 
-    def __init__(self, addr: int, size: int, stream: int, pool_id: tuple[int, int], small: bool, expandable: bool):
+    def __init__(self, addr: int, size: int, stream: int, pool_id: tuple[int, int], small: bool, expandable: bool,
+                 counter: int = 0):
         self.addr, self.size, self.stream, self.pool_id = addr, size, stream, pool_id
         self.small, self.expandable = small, expandable
         self.head: Block | None = None
         self.synthetic = False
+        self.counter = counter    # torch 2.13+: the counter the segment took when cudaMalloc'd
 
 
 class _FreeList:
-    """Free blocks of one (pool id, small/large, stream), sorted by (size, address): C++'s
-    ``BlockPool::blocks`` restricted to one stream (its comparator orders by stream first)."""
+    """Free blocks of one (pool id, small/large, stream), sorted by (size, order key): C++'s
+    ``BlockPool::blocks`` restricted to one stream (its comparator orders by stream first). The
+    order key is the address up to torch 2.11; the block's counter (2.12) or its segment's
+    counter (2.13+) above the address otherwise (``key``); its low 64 bits are the address."""
 
-    __slots__ = ("keys", "blocks", "unmapped")
+    __slots__ = ("keys", "blocks", "unmapped", "key")
 
-    def __init__(self) -> None:
+    def __init__(self, key: Callable[[Block], int]) -> None:
         self.keys: list[tuple[int, int]] = []
         self.blocks: dict[int, Block] = {}
         self.unmapped: dict[int, Block] = {}   # expandable: unmapped blocks by address
+        self.key = key
 
     def add(self, b: Block) -> None:
-        insort(self.keys, (b.size, b.addr))
+        insort(self.keys, (b.size, self.key(b)))
         self.blocks[b.addr] = b
 
     def remove(self, b: Block) -> None:
         keys = self.keys
-        i = bisect_left(keys, (b.size, b.addr))
+        k = self.key(b)
+        i = bisect_left(keys, (b.size, k))
         try:
-            found = keys[i][1] == b.addr
+            found = keys[i][1] == k
         except IndexError:
             found = False
         if not found:
             raise AssertionError(f"block at {b.addr:#x} ({b.size} B) is not in its free list")
         del keys[i]
         del self.blocks[b.addr]
+
+
+def _key_address(b: Block) -> int:
+    return b.addr
+
+
+def _key_block(b: Block) -> int:
+    return b.tie << 64 | b.addr
+
+
+def _key_segment(b: Block) -> int:
+    return b.seg.counter << 64 | b.addr
 
 
 class _AddressSpace:
@@ -174,6 +199,12 @@ class Engine:
             out the engine picks its own.
         address_order: 'down' (top-down first fit, the default) or 'up' for the addresses
             the engine picks itself.
+        rule: the torch release whose best-fit order between equal-size free blocks to follow
+            (:data:`RULES`): '2.11' (and before) by address; '2.12' by the counter each new
+            Block object takes (a split's allocated front is the new object, a merge keeps the
+            freed block's); '2.13' (and 2.14) by the counter each segment takes when made, then
+            by address. The 2.12 and 2.13 orders are read from those releases' code, not yet
+            checked on a GPU.
 
     Attributes:
         allocated_bytes, reserved_bytes, active_bytes: the ``memory_stats`` counters.
@@ -188,13 +219,21 @@ class Engine:
     """
 
     def __init__(self, config: AllocatorConfig = DEFAULT, *, cap_bytes: int | None = None,
-                 total_memory: int = H200_TOTAL_MEMORY, addresses: Iterable[int] = (), address_order: str = "down"):
+                 total_memory: int = H200_TOTAL_MEMORY, addresses: Iterable[int] = (), address_order: str = "down",
+                 rule: str = "2.11"):
         if cap_bytes is not None and (isinstance(cap_bytes, bool) or not isinstance(cap_bytes, int) or cap_bytes < 0):
             raise ValueError(f"cap_bytes must be a whole number of bytes >= 0 or None, got {cap_bytes!r}")
         if isinstance(total_memory, bool) or not isinstance(total_memory, int) or total_memory <= 0:
             raise ValueError(f"total_memory must be a positive number of bytes, got {total_memory!r}")
         if address_order not in ("down", "up"):
             raise ValueError(f"address_order must be 'down' or 'up', got {address_order!r}")
+        if rule not in RULES:
+            raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
+        self.rule = rule
+        self._per_block = rule == "2.12"
+        self._counter = 0          # registration_counter_global: the counters handed out so far
+        self._key: Callable[[Block], int] = (_key_address if rule == "2.11" else
+                                              _key_block if rule == "2.12" else _key_segment)
         self.config = config
         self.cap_bytes = cap_bytes
         self.total_memory = total_memory
@@ -204,7 +243,9 @@ class Engine:
         self.num_alloc_retries = 0
         self.num_ooms = 0
         self.num_sync_all_streams = 0
+        self.num_oom_rejections = 0
         self.address_ties = 0
+        self.rule_ties = 0         # best-fit or release choices between equal-size free blocks
         self.events: list[tuple[str, int, int]] = []
         self.freeable: set[tuple[int, int]] = set()
         self._free: dict[tuple[tuple[int, int], bool, int], _FreeList] = {}
@@ -264,7 +305,7 @@ class Engine:
             block = self._malloc_slow(nbytes, size, small, stream, pool_id, fl)
         else:
             keys = fl.keys                           # fl.remove(block), by the index found
-            block = fl.blocks.pop(keys[i][1])
+            block = fl.blocks.pop(keys[i][1] & _ADDR)
             del keys[i]
         return self.alloc_found_block(block, size, nbytes, fl, "small" if small else "large")
 
@@ -323,7 +364,10 @@ class Engine:
         Returns:
             {address: block} of the live blocks.
         """
-        seg = Segment(addr, size, stream, pool_id, small, expandable)
+        # its age among segments (and, torch 2.12, its blocks' among blocks) from before the
+        # recording is not known: they are numbered in the order they are seeded
+        self._counter += 1
+        seg = Segment(addr, size, stream, pool_id, small, expandable, counter=self._counter)
         self._segments[addr] = seg
         if expandable:
             self._ranges.setdefault((pool_id, small, stream), []).append(seg)
@@ -350,7 +394,10 @@ class Engine:
             pieces.append((pos, addr + size - pos, "unmapped", 0))
         out, prev = {}, None
         for pa, ps, kind, req in pieces:
-            b = Block(pa, ps, seg, prev, None, mapped=kind != "unmapped")
+            b = Block(pa, ps, seg, prev, None, mapped=kind != "unmapped", tie=seg.counter)
+            if self._per_block:
+                self._counter += 1
+                b.tie = self._counter
             if prev is None:
                 seg.head = b
             else:
@@ -451,7 +498,7 @@ class Engine:
         (a fixed 20 MiB before torch 2.6, §A.6). Only the first candidate is looked at.
         """
         i = self._free_index(fl, size)
-        return None if i < 0 else fl.blocks[fl.keys[i][1]]
+        return None if i < 0 else fl.blocks[fl.keys[i][1] & _ADDR]
 
     def _free_index(self, fl: _FreeList, size: int) -> int:
         # get_free_block, as the block's index in fl.keys (-1 if none): malloc removes the block
@@ -461,24 +508,26 @@ class Engine:
         i = bisect_left(keys, (size, 0))
         if i == n:
             return -1
-        b = fl.blocks[keys[i][1]]
+        b = fl.blocks[keys[i][1] & _ADDR]
         if self._plain and not b.seg.expandable:
-            if self._synthetic_made and i + 1 < n and keys[i + 1][0] == b.size:
-                self._tie(fl, i, b)
+            if i + 1 < n and keys[i + 1][0] == b.size:
+                self.rule_ties += 1
+                if self._synthetic_made:
+                    self._tie(fl, i, b)
             return i
         if b.seg.expandable:
             if not self._expandable:
-                while i < len(keys) and fl.blocks[keys[i][1]].seg.expandable:
+                while i < len(keys) and fl.blocks[keys[i][1] & _ADDR].seg.expandable:
                     i += 1
                 if i == len(keys):
                     return -1
-                b = fl.blocks[keys[i][1]]
+                b = fl.blocks[keys[i][1] & _ADDR]
             else:
                 def exp_size(x: Block) -> int:
                     n = x.next
                     return x.size + (n.size if n is not None and not n.mapped else 0)
                 while i + 1 < len(keys):
-                    nb = fl.blocks[keys[i + 1][1]]
+                    nb = fl.blocks[keys[i + 1][1] & _ADDR]
                     if not (b.seg.expandable and exp_size(nb) < exp_size(b)):
                         break
                     i += 1
@@ -489,8 +538,10 @@ class Engine:
                 return -1
             if size >= limit and b.size >= size + self.config.max_non_split_rounding:
                 return -1
-        if self._synthetic_made and i + 1 < len(keys) and keys[i + 1][0] == b.size:
-            self._tie(fl, i, b)
+        if i + 1 < len(keys) and keys[i + 1][0] == b.size:
+            self.rule_ties += 1
+            if self._synthetic_made:
+                self._tie(fl, i, b)
         return i
 
     def _tie(self, fl: _FreeList, i: int, b: Block) -> Block:
@@ -499,7 +550,7 @@ class Engine:
         keys = fl.keys
         j = i + 1
         while j < len(keys) and keys[j][0] == b.size:
-            nb = fl.blocks[keys[j][1]]
+            nb = fl.blocks[keys[j][1] & _ADDR]
             if nb.seg is not b.seg and (nb.seg.synthetic or b.seg.synthetic):
                 self.address_ties += 1
                 break
@@ -514,9 +565,18 @@ class Engine:
         if self._gc_counting:
             self.garbage_collect_cached_blocks()
         block = self.alloc_block(size, alloc, small, stream, pool_id)
+        if block is None and self.config.throw_on_cudamalloc_oom and self.cap_bytes is not None:
+            # torch 2.12+: the cap refused the segment: an out-of-memory error at once, no
+            # release of cached blocks, no retry (the 2.12 wheel's malloc; not yet on a GPU)
+            self.num_ooms += 1
+            self.num_oom_rejections += 1
+            raise EngineOutOfMemory(nbytes, size, alloc, self.allocated_bytes, self.reserved_bytes)
         if block is None and self.release_available_cached_blocks(fl, size):
             block = self.alloc_block(size, alloc, small, stream, pool_id)
-        if block is None:
+        if block is None and pool_id == DEFAULT_POOL:
+            # the last step runs only while no capture is underway: a request routed to a
+            # private pool (a CUDA-graph capture, or torch.cuda.use_mem_pool, which pushes its
+            # pool on the same list) skips it (C++ malloc: captures_underway.empty(); RULES.md §D.2)
             self.release_cached_blocks(DEFAULT_POOL)
             self.num_alloc_retries += 1
             block = self.alloc_block(size, alloc, small, stream, pool_id)
@@ -533,13 +593,18 @@ class Engine:
         remaining = block.size - size
         # (no rule splits off less than 512 B: an exact fit skips the call)
         if remaining >= MIN_BLOCK_SIZE and should_split(block.size, size, pool, self.config):
-            rest = Block(block.addr + size, remaining, block.seg, block, block.next)
+            rest = Block(block.addr + size, remaining, block.seg, block, block.next, tie=block.tie)
             if block.next is not None:
                 block.next.prev = rest
             block.next = rest
             block.size = size
             rest.gc_base = self._gc_calls
-            insort(fl.keys, (remaining, rest.addr))  # fl.add(rest), inlined
+            if self._per_block:
+                # C++ makes the allocated front the new Block object (a new counter); the free
+                # remainder is the old object (our objects are the other way round)
+                self._counter += 1
+                block.tie = self._counter
+            insort(fl.keys, (remaining, self._key(rest)))  # fl.add(rest), inlined
             fl.blocks[rest.addr] = rest
         block.allocated = True
         block.requested = nbytes
@@ -586,12 +651,15 @@ class Engine:
             raise ValueError(f"no free block of pool {pool_id} on stream {stream} at {addr:#x} for {size} bytes")
         fl.remove(b)
         if b.size > size:
-            rest = Block(b.addr + size, b.size - size, b.seg, b, b.next)
+            rest = Block(b.addr + size, b.size - size, b.seg, b, b.next, tie=b.tie)
             if b.next is not None:
                 b.next.prev = rest
             b.next = rest
             b.size = size
             rest.gc_base = self._gc_calls
+            if self._per_block:
+                self._counter += 1
+                b.tie = self._counter
             fl.add(rest)
         b.allocated = True
         b.requested = nbytes
@@ -611,9 +679,10 @@ class Engine:
         if self._expandable:
             return self.try_allocate_expandable_block(size, small, stream, pool_id)
         addr = self._next_address(alloc)
-        seg = Segment(addr, alloc, stream, pool_id, small, False)
+        self._counter += 1
+        seg = Segment(addr, alloc, stream, pool_id, small, False, counter=self._counter)
         seg.synthetic = self._synthetic
-        seg.head = Block(addr, alloc, seg)
+        seg.head = Block(addr, alloc, seg, tie=self._counter)
         self._segments[addr] = seg
         self.reserved_bytes += alloc
         self.events.append(("segment_alloc", addr, alloc))
@@ -644,8 +713,9 @@ class Engine:
         ``try_merge_blocks`` on prev and next, then ``insert_into_blocks``)."""
         prev, nxt = block.prev, block.next
         keys, blocks = fl.keys, fl.blocks          # fl.remove / fl.add inlined (the hot path)
+        key = self._key
         if prev is not None and not prev.allocated and prev.mapped and prev.addr in blocks:
-            del keys[bisect_left(keys, (prev.size, prev.addr))]
+            del keys[bisect_left(keys, (prev.size, key(prev)))]
             del blocks[prev.addr]
             block.addr, block.size = prev.addr, block.size + prev.size
             block.prev = prev.prev
@@ -654,14 +724,14 @@ class Engine:
             else:
                 block.seg.head = block
         if nxt is not None and not nxt.allocated and nxt.mapped and nxt.addr in blocks:
-            del keys[bisect_left(keys, (nxt.size, nxt.addr))]
+            del keys[bisect_left(keys, (nxt.size, key(nxt)))]
             del blocks[nxt.addr]
             block.size += nxt.size
             block.next = nxt.next
             if nxt.next is not None:
                 nxt.next.prev = block
         block.gc_base = self._gc_calls
-        insort(keys, (block.size, block.addr))
+        insort(keys, (block.size, key(block)))
         blocks[block.addr] = block
 
     def synchronize_and_free_events(self, pool_id: tuple[int, int] | None = None) -> None:
@@ -686,10 +756,11 @@ class Engine:
         if self.reserved_bytes <= threshold:
             return []
         target = self.reserved_bytes - threshold
-        # C++ iterates large_blocks.blocks, ordered by (stream, size, address)
+        # C++ iterates large_blocks.blocks, ordered by (stream, size, the release's order key)
+        key = self._key
         cands = sorted((b for (pid, small, _), fl in self._free.items() if pid == DEFAULT_POOL and not small
                         for b in fl.blocks.values() if b.prev is None and b.next is None),
-                       key=lambda b: (b.seg.stream, b.size, b.addr))
+                       key=lambda b: (b.seg.stream, b.size, key(b)))
         calls = self._gc_calls
         total_age = sum(calls - b.gc_base for b in cands)
         count = len(cands)
@@ -729,13 +800,15 @@ class Engine:
         key = max(size, limit)
         keys = fl.keys
         i = bisect_left(keys, (key, 0))
-        if i < len(keys) and not fl.blocks[keys[i][1]].seg.expandable:
-            b = fl.blocks[keys[i][1]]
+        if i + 1 < len(keys) and keys[i][0] == keys[i + 1][0] or i >= 2 and keys[i - 1][0] == keys[i - 2][0]:
+            self.rule_ties += 1                 # which of equal blocks goes depends on the order
+        if i < len(keys) and not fl.blocks[keys[i][1] & _ADDR].seg.expandable:
+            b = fl.blocks[keys[i][1] & _ADDR]
             # C++ releases it even when split (a cudaFree of part of a segment would fail)
             return ([b], True) if b.prev is None and b.next is None else ([], False)
         out, released = [], 0
         for j in range(i - 1, -1, -1):
-            b = fl.blocks[keys[j][1]]
+            b = fl.blocks[keys[j][1] & _ADDR]
             if released >= key or b.size < limit:
                 break
             if not b.seg.expandable and b.prev is None and b.next is None:
@@ -810,13 +883,30 @@ class Engine:
     def release_blocks(self, fl: _FreeList) -> None:
         """Release every whole free segment of one (pool, stream) and unmap the whole pages of
         its free expandable blocks (C++ ``release_blocks``)."""
-        for b in sorted(fl.blocks.values(), key=lambda b: (b.size, b.addr)):
+        key = self._key
+        for b in sorted(fl.blocks.values(), key=lambda b: (b.size, key(b))):
             if fl.blocks.get(b.addr) is not b:
                 continue
             if b.seg.expandable:
                 self.unmap_block(fl, b)
             elif b.prev is None and b.next is None:
                 self.release_block(fl, b)
+
+    def cached_segment(self, addr: int) -> Block | None:
+        """The free block that is the whole segment at ``addr`` (cached, releasable), or None."""
+        seg = self._segments.get(addr)
+        if seg is None or seg.expandable:
+            return None
+        b = seg.head
+        if b is None or b.next is not None or b.allocated or b.pending:
+            return None
+        fl = self._free.get((seg.pool_id, seg.small, seg.stream))
+        return b if fl is not None and fl.blocks.get(b.addr) is b else None
+
+    def release_cached_segment(self, b: Block) -> None:
+        """``cudaFree`` of a whole cached segment the trace says was released (:meth:`cached_segment`)."""
+        seg = b.seg
+        self.release_block(self._free[(seg.pool_id, seg.small, seg.stream)], b)
 
     def release_block(self, fl: _FreeList, b: Block) -> None:
         """``cudaFree`` of a whole cached segment (C++ ``release_block``)."""
@@ -871,9 +961,10 @@ class Engine:
         if size > rsize:
             return None
         addr = self._next_address(rsize)
-        seg = Segment(addr, rsize, stream, pool_id, small, True)
+        self._counter += 1
+        seg = Segment(addr, rsize, stream, pool_id, small, True, counter=self._counter)
         seg.synthetic = self._synthetic
-        seg.head = Block(addr, rsize, seg, mapped=False)
+        seg.head = Block(addr, rsize, seg, mapped=False, tie=self._counter)
         self._segments[addr] = seg
         self._ranges.setdefault((pool_id, small, stream), []).append(seg)
         fl.unmapped[addr] = seg.head
@@ -887,7 +978,11 @@ class Engine:
         del fl.unmapped[block.addr]
         block.mapped = True
         if mapped < block.size:
-            rest = Block(block.addr + mapped, block.size - mapped, block.seg, block, block.next, mapped=False)
+            rest = Block(block.addr + mapped, block.size - mapped, block.seg, block, block.next, mapped=False,
+                         tie=block.tie)
+            if self._per_block:        # C++ map_block: the unmapped remainder is a new Block
+                self._counter += 1
+                rest.tie = self._counter
             if block.next is not None:
                 block.next.prev = rest
             block.next = rest
@@ -907,7 +1002,10 @@ class Engine:
             return
         fl.remove(block)
         if begin > block.addr:
-            before = Block(block.addr, begin - block.addr, block.seg, block.prev, block)
+            before = Block(block.addr, begin - block.addr, block.seg, block.prev, block, tie=block.tie)
+            if self._per_block:        # C++ unmap_block: the partial pages' free blocks are new Blocks
+                self._counter += 1
+                before.tie = self._counter
             if block.prev is not None:
                 block.prev.next = before
             else:
@@ -916,7 +1014,10 @@ class Engine:
             before.gc_base = self._gc_calls
             fl.add(before)
         if end < block.addr + block.size:
-            after = Block(end, block.addr + block.size - end, block.seg, block, block.next)
+            after = Block(end, block.addr + block.size - end, block.seg, block, block.next, tie=block.tie)
+            if self._per_block:
+                self._counter += 1
+                after.tie = self._counter
             if block.next is not None:
                 block.next.prev = after
             block.next = after
@@ -953,7 +1054,7 @@ class Engine:
         key = (pool_id, small, stream)
         fl = self._free.get(key)
         if fl is None:
-            fl = self._free[key] = _FreeList()
+            fl = self._free[key] = _FreeList(self._key)
         return fl
 
     def _whole_pages(self, block: Block) -> tuple[int, int]:
@@ -981,7 +1082,9 @@ class Engine:
                 return addr
         if self._addresses:
             return self._addresses.popleft()
-        self._synthetic = self._synthetic_made = True
+        self._synthetic = True
+        # only an order by address (torch <= 2.11) lets a made-up address decide a tie
+        self._synthetic_made = self.rule == "2.11"
         addr = self._space.take(size)
         while self.address_hook is not None and not self.is_free_range(addr, size):
             addr = self._space.take(size)   # taken by a segment at a recorded address: skip it

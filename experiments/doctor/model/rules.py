@@ -110,6 +110,16 @@ def parse_roundup_divisions(value: int | str | Sequence[int]) -> tuple[int, ...]
     return table
 
 
+# Recorded options that do not change where device blocks go: accepted, and named in a warning
+# line (pinned-memory options, the lock around cudaMalloc, graph-capture reuse of record_stream
+# blocks: RULES.md §F; the option tables of the 2.11-2.14 wheels).
+NOT_PLACEMENT = frozenset({
+    "release_lock_on_cudamalloc", "release_lock_on_hipmalloc", "pinned_use_cuda_host_register",
+    "pinned_use_hip_host_register", "pinned_num_register_threads", "pinned_use_background_threads",
+    "pinned_reserve_segment_size_mb", "pinned_max_round_threshold_mb", "pinned_max_cached_size_mb",
+    "pinned_free_catch_all", "graph_capture_record_stream_reuse"})
+
+
 @dataclasses.dataclass(frozen=True)
 class AllocatorConfig:
     """The allocator settings the model follows (``PYTORCH_CUDA_ALLOC_CONF``), in bytes.
@@ -120,45 +130,62 @@ class AllocatorConfig:
         max_split_size: blocks at least this large are never split, and requests below it
             never take them; None means no limit (the default).
         max_non_split_rounding: how much larger than a request (>= max_split_size) an
-            unsplit cached block may be.
+            unsplit cached block may be; None (the default) follows ``large_segment_size``,
+            as torch >= 2.11 does (its parser sets it from large_segment_size_mb).
         roundup_divisions: the 16-entry table of :func:`parse_roundup_divisions`.
         garbage_collection_threshold: fraction (0-1) of the memory cap above which old
             cached blocks are released before a new segment is made; 0 disables it.
         large_segment_size: segment for 1-10 MiB requests, and the large expandable page.
+        throw_on_cudamalloc_oom: torch 2.12+: with a memory fraction, a segment the cap
+            refuses is an out-of-memory error at once (no release of cached blocks, no retry).
+        memory_fraction: ``per_process_memory_fraction`` (a cap of that fraction of the device's
+            memory, which the doctor is told separately), or None.
+
+    Bounds are torch's own (``AcceleratorAllocatorConfig`` of 2.11-2.14): large_segment_size
+    above 10 MiB; max_split_size and max_non_split_rounding at least large_segment_size.
     """
 
     expandable_segments: bool = False
     max_split_size: int | None = None
-    max_non_split_rounding: int = LARGE_BUFFER
+    max_non_split_rounding: int | None = None
     roundup_divisions: tuple[int, ...] = (0,) * ROUNDUP_INTERVALS
     garbage_collection_threshold: float = 0.0
     large_segment_size: int = LARGE_BUFFER
+    throw_on_cudamalloc_oom: bool = False
+    memory_fraction: float | None = None
 
     def __post_init__(self) -> None:
-        if self.max_split_size is not None and self.max_split_size <= LARGE_BUFFER:
-            raise ValueError(f"max_split_size must be > 20 MiB, got {self.max_split_size} bytes")
-        if self.max_non_split_rounding < 0:
-            raise ValueError(f"max_non_split_rounding must be >= 0 bytes, got {self.max_non_split_rounding}")
+        if self.large_segment_size <= MIN_LARGE_ALLOC:
+            raise ValueError(f"large_segment_size_mb must be > 10 (MiB), got {self.large_segment_size / MiB:g} MiB")
+        if self.max_split_size is not None and self.max_split_size < self.large_segment_size:
+            raise ValueError(f"max_split_size_mb must be >= {self.large_segment_size // MiB} (MiB, large_segment_size_mb), "
+                             f"got {self.max_split_size / MiB:g}")
+        if self.max_non_split_rounding is None:
+            object.__setattr__(self, "max_non_split_rounding", self.large_segment_size)
+        elif self.max_non_split_rounding < self.large_segment_size:
+            raise ValueError(f"max_non_split_rounding_mb must be >= {self.large_segment_size // MiB} (MiB, "
+                             f"large_segment_size_mb), got {self.max_non_split_rounding / MiB:g}")
         if not 0 <= self.garbage_collection_threshold < 1:
             raise ValueError(f"garbage_collection_threshold must be in [0, 1), got {self.garbage_collection_threshold}")
-        if self.large_segment_size <= MIN_LARGE_ALLOC or self.large_segment_size % ROUND_LARGE:
-            raise ValueError(f"large_segment_size must be a multiple of 2 MiB above 10 MiB, got {self.large_segment_size}")
+        if self.memory_fraction is not None and not 0 <= self.memory_fraction <= 1:
+            raise ValueError(f"per_process_memory_fraction must be in [0, 1], got {self.memory_fraction}")
         object.__setattr__(self, "roundup_divisions", parse_roundup_divisions(self.roundup_divisions))
 
     @classmethod
-    def from_settings(cls, settings: Mapping[str, Any] | str | None) -> "AllocatorConfig":
+    def from_settings(cls, settings: Mapping[str, Any] | str | None, *, lenient: bool = False) -> "AllocatorConfig":
         """Build from allocator settings as a dict or a ``PYTORCH_CUDA_ALLOC_CONF`` string.
 
-        Options that do not change device block placement (pinned-memory options,
-        ``release_lock_on_cudamalloc``, ``graph_capture_record_stream_reuse``,
-        ``backend:native``) are accepted and ignored.
+        Options that do not change device block placement (:data:`NOT_PLACEMENT`) are
+        accepted and ignored (:func:`unmodelled_options` names them). ``lenient``: options the
+        doctor does not know at all are ignored too (a recorded snapshot: torch accepted them,
+        so they are newer than the doctor, or another build's); otherwise they are an error.
 
         Raises:
-            ValueError: an unknown option, a bad value, ``backend:cudaMallocAsync`` (a
-                different allocator) or ``per_process_memory_fraction`` (give the model a
-                cap in bytes instead).
+            ValueError: an unknown option (not lenient), a bad value or one out of torch's
+                bounds, or ``backend:cudaMallocAsync`` (a different allocator, which places
+                blocks otherwise and is not modelled).
         """
-        from ...core.alloc_conf import KNOWN_OPTIONS, parse
+        from ...core.alloc_conf import KNOWN_OPTIONS, _convert, _split_top_level
 
         if settings is None:
             return cls()
@@ -168,10 +195,27 @@ class AllocatorConfig:
             settings = str(settings["PYTORCH_CUDA_ALLOC_CONF"] or "")
             if not settings:
                 return cls()
-        items = parse(settings) if isinstance(settings, str) else dict(settings)
+        if isinstance(settings, str):
+            items: dict[str, Any] = {}
+            for part in _split_top_level(settings):
+                name, sep, raw = part.partition(":")
+                if not sep:
+                    raise ValueError(f"allocator setting {part!r} must look like name:value")
+                name = name.strip()
+                opt = KNOWN_OPTIONS.get(name)
+                if opt is None:
+                    if not lenient:
+                        from ...core.alloc_conf import parse
+                        parse(part)                 # the error that names the known options
+                    continue
+                items[name] = _convert(opt, raw.strip())
+        else:
+            items = dict(settings)
         kw: dict[str, Any] = {}
         for name, value in items.items():
             if name not in KNOWN_OPTIONS:
+                if lenient:
+                    continue
                 raise ValueError(f"unknown allocator option {name!r}; known options: {sorted(KNOWN_OPTIONS)}")
             if name == "expandable_segments":
                 if not isinstance(value, bool):
@@ -189,14 +233,33 @@ class AllocatorConfig:
                 if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
                     raise ValueError(f"garbage_collection_threshold must be in (0, 1), got {value!r}")
                 kw["garbage_collection_threshold"] = float(value)
+            elif name == "throw_on_cudamalloc_oom":
+                if not isinstance(value, bool):
+                    raise ValueError(f"throw_on_cudamalloc_oom must be True or False, got {value!r}")
+                kw["throw_on_cudamalloc_oom"] = value
+            elif name == "per_process_memory_fraction":
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+                    raise ValueError(f"per_process_memory_fraction must be in [0, 1], got {value!r}")
+                kw["memory_fraction"] = float(value)
             elif name == "backend":
                 if value != "native":
-                    raise ValueError("the model covers the native caching allocator only, not backend "
-                                     f"{value!r}")
-            elif name == "per_process_memory_fraction":
-                raise ValueError("per_process_memory_fraction depends on the GPU's size; give the model "
-                                 "cap_bytes instead")
+                    raise ValueError("backend:cudaMallocAsync is another allocator (CUDA's own pool), which places "
+                                     "blocks otherwise; the doctor models the native caching allocator only")
         return cls(**kw)
+
+
+def unmodelled_options(settings: str) -> list[str]:
+    """The option names of a settings string the doctor accepts but does not model: those that
+    do not change where device blocks go (:data:`NOT_PLACEMENT`), and names it does not know
+    (torch accepted them when it recorded: a newer release's, or another build's)."""
+    from ...core.alloc_conf import KNOWN_OPTIONS, _split_top_level
+
+    out = []
+    for part in _split_top_level(settings or ""):
+        name = part.partition(":")[0].strip()
+        if name in NOT_PLACEMENT or name not in KNOWN_OPTIONS:
+            out.append(name)
+    return out
 
 
 def _mib_option(name: str, value: Any) -> int:

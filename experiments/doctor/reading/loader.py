@@ -237,7 +237,8 @@ def rows_from_dicts(entries: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> 
     if isinstance(entries, (str, bytes)) or not isinstance(entries, Sequence):
         raise SnapshotError(f"a device trace must be a list of entries, got {type(entries).__name__}")
     if len(entries) > limits.max_events:
-        raise SnapshotError(f"a device trace of {len(entries):,} entries is over the limit of {limits.max_events:,}")
+        raise SnapshotError(f"a device trace of {len(entries):,} entries is over the limit of {limits.max_events:,} "
+                            "(--max-events N)")
     rows = Rows()
     stacks: dict[tuple, int] = {}
     for i, e in enumerate(entries):
@@ -280,6 +281,25 @@ def rows_from_dicts(entries: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> 
                 sid = stacks[key] = len(rows.stack_table)
                 rows.stack_table.append(key)
         rows.add_stacks((sid,))
+        pool = e.get("pool_id")
+        if pool is None:
+            rows.add_pools((-1,))
+        else:
+            if isinstance(pool, (str, bytes)) or not isinstance(pool, Sequence) or len(pool) != 2:
+                raise SnapshotError(f"trace entry {i} ({action[:40]}): 'pool_id' must be two whole numbers, "
+                                    f"got {str(pool)[:40]!r}")
+            a, b = (_check_int(x, f"trace entry {i} ({action[:40]}): 'pool_id'", ADDR_LIMIT) for x in pool)
+            rows.add_pools((rows.pool_of((a, b)),))
+        fwd = e.get("forward_frames")
+        fid = -1
+        if isinstance(fwd, list) and fwd:
+            key = tuple((str(f.get("filename", "?"))[:500], f.get("line") if type(f.get("line")) is int else 0,
+                         str(f.get("name", "?"))[:200]) for f in fwd[:200] if isinstance(f, Mapping))
+            fid = stacks.get(key)
+            if fid is None:
+                fid = stacks[key] = len(rows.stack_table)
+                rows.stack_table.append(key)
+        rows.add_fwd((fid,))
     return rows
 
 

@@ -30,7 +30,8 @@ from ..errors import ImpossibleTraceError, SnapshotError
 from ...core.units import MiB
 from ..model.rules import ROUNDUP_INTERVALS, AllocatorConfig
 from .loader import DEFAULT_LIMITS, Limits, load, trace_rows
-from .rows import ACTIONS, ADDR_LIMIT, IGNORED_CODE, SIZE_LIMIT, SNAPSHOT, UNKNOWN, Rows
+from .rows import (ACTIONS, ADDR_LIMIT, ALLOC, ANNOTATE_CODE, FREE_DONE, FREE_REQ, IGNORED_CODE, SIZE_LIMIT, SNAPSHOT,
+                   UNKNOWN, Rows)
 
 FORMAT = "memlab-snapshot-1"                      # the doctor's compact JSON form (compact_snapshot)
 
@@ -104,6 +105,14 @@ class Trace:
             when the snapshot has no stacks; ``stack_table`` holds each stack as a tuple of
             (filename, line, name), innermost frame first.
         block_stacks: {block address: stack} for the blocks of the final state that carry one.
+        pool_ids: per event, an index into ``pool_table`` of the entry's ``pool_id`` (torch
+            2.12+ writes one on every entry; -1 where one is missing), or None for older layouts.
+        fwd_stacks: per event, the stack of ``forward_frames`` (the forward pass's stack of an
+            allocation made in the backward pass, torch 2.12+), an index into ``stack_table``,
+            or None when no entry has one.
+        layout: the release whose snapshot layout this is, as far as it shows: '2.11' (no
+            ``pool_id``: 2.11 or before), '2.12' (``pool_id`` on the entries: 2.12 or 2.13),
+            '2.14' (also ``annotate`` entries or the host allocator's keys).
     """
 
     events: Events
@@ -117,6 +126,25 @@ class Trace:
     stacks: Any = None
     stack_table: list[tuple] = dataclasses.field(default_factory=list)
     block_stacks: dict[int, tuple] = dataclasses.field(default_factory=dict)
+    pool_ids: Any = None
+    pool_table: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+    fwd_stacks: Any = None
+    layout: str = "2.11"
+    skipped_actions: tuple[str, ...] | None = None
+
+    def pool_of(self, event: int) -> tuple[int, int] | None:
+        """The ``pool_id`` trace event ``event`` carries (torch 2.12+), or None."""
+        if self.pool_ids is None:
+            return None
+        p = self.pool_ids[event]
+        return self.pool_table[p] if p >= 0 else None
+
+    def forward_frames(self, event: int) -> list[tuple[str, int, str]]:
+        """The forward pass's stack recorded with a backward allocation ([] if none)."""
+        if self.fwd_stacks is None or not 0 <= event < len(self.fwd_stacks):
+            return []
+        s = self.fwd_stacks[event]
+        return list(self.stack_table[s]) if s >= 0 else []
 
     def __post_init__(self) -> None:
         if not isinstance(self.events, Events):
@@ -178,13 +206,16 @@ def config_from_snapshot(settings: Mapping[str, Any] | None) -> tuple[str, Alloc
                 table[idx] = v
             kw["roundup_divisions"] = tuple(table)
         if text:
-            from ...core.alloc_conf import parse
-
-            extra = parse(text)
-            if "large_segment_size_mb" in extra:
-                kw["large_segment_size"] = int(extra["large_segment_size_mb"]) * MiB
-            if "max_non_split_rounding_mb" in extra:
-                kw["max_non_split_rounding"] = int(extra["max_non_split_rounding_mb"]) * MiB
+            # what the dict lacks, from the string torch parsed (names it does not know are
+            # newer options or another build's: torch accepted them; named in a warning)
+            extra = AllocatorConfig.from_settings(text, lenient=True)
+            names = {p.partition(":")[0].strip() for p in text.split(",")}
+            if "large_segment_size_mb" in names:
+                kw["large_segment_size"] = extra.large_segment_size
+            if "max_non_split_rounding_mb" in names:
+                kw["max_non_split_rounding"] = extra.max_non_split_rounding
+            kw["throw_on_cudamalloc_oom"] = extra.throw_on_cudamalloc_oom
+            kw["memory_fraction"] = extra.memory_fraction
         return text, AllocatorConfig(**kw)
     except SnapshotError:
         raise
@@ -300,7 +331,7 @@ def read(source: str | Path | bytes | Mapping[str, Any], device: int = 0, limits
         raise SnapshotError(f"device must be a device index >= 0, got {device!r}")
     snap = load(source, limits)
     rows = trace_rows(snap, device, limits)
-    events, stacks, unknown, skipped = _events_of(rows)
+    events, stacks, unknown, skipped, pools, fwd = _events_of(rows)
     if 0 in events.sizes:
         for i, (c, s) in enumerate(zip(events.codes, events.sizes)):
             if s == 0 and c != SNAPSHOT and c != UNKNOWN:
@@ -318,22 +349,34 @@ def read(source: str | Path | bytes | Mapping[str, Any], device: int = 0, limits
     for name, v in (("device_total_bytes", total), ("memory_cap_bytes", cap)):
         if v is not None and (type(v) is not int or not 0 <= v < SIZE_LIMIT):
             raise SnapshotError(f"'{name}' must be a whole number of bytes in [0, {SIZE_LIMIT:#x}), got {str(v)[:40]!r}")
+    layout = "2.11"
+    if pools is not None:
+        layout = "2.12"
+    if (skipped and ANNOTATE_CODE in rows.codes) or "host_segments" in snap or "host_traces" in snap:
+        layout = "2.14"
+    codes = events.codes
+    skipped_actions = tuple(name for name, gone, seen in (
+        ("free_requested", FREE_REQ, FREE_DONE), ("free_completed", FREE_DONE, FREE_REQ), ("alloc", ALLOC, FREE_REQ))
+        if gone not in codes and seen in codes) or None
     return Trace(events, segments, text, config, total or None, cap or None, skipped, unknown,
-                 stacks, rows.stack_table, block_stacks)
+                 stacks, rows.stack_table, block_stacks, pools, rows.pool_table, fwd, layout, skipped_actions)
 
 
-def _events_of(rows: Rows) -> tuple[Events, Any, dict[int, str], int]:
+def _events_of(rows: Rows) -> tuple[Events, Any, dict[int, str], int, Any, Any]:
     """Rows -> Events, dropping annotations; the columns are shared when there are none."""
     codes = rows.codes
-    if IGNORED_CODE not in codes:
-        return Events(codes, rows.addrs, rows.sizes, rows.streams), rows.stacks, dict(rows.unknown), 0
-    keep = [i for i, c in enumerate(codes) if c != IGNORED_CODE]
+    if IGNORED_CODE not in codes and ANNOTATE_CODE not in codes:
+        return (Events(codes, rows.addrs, rows.sizes, rows.streams), rows.stacks, dict(rows.unknown), 0,
+                rows.pools, rows.fwd)
+    keep = [i for i, c in enumerate(codes) if c < IGNORED_CODE]
     ev = Events(array("B", [codes[i] for i in keep]), array("q", [rows.addrs[i] for i in keep]),
                 array("q", [rows.sizes[i] for i in keep]), array("q", [rows.streams[i] for i in keep]))
     new_index = {old: new for new, old in enumerate(keep)}
     unknown = {new_index[i]: a for i, a in rows.unknown.items() if i in new_index}
     stacks = array("i", [rows.stacks[i] for i in keep]) if rows.stacks is not None else None
-    return ev, stacks, unknown, len(codes) - len(keep)
+    pools = array("i", [rows.pools[i] for i in keep]) if rows.pools is not None else None
+    fwd = array("i", [rows.fwd[i] for i in keep]) if rows.fwd is not None else None
+    return ev, stacks, unknown, len(codes) - len(keep), pools, fwd
 
 
 def compact_snapshot(snap: Mapping[str, Any], device: int = 0) -> dict[str, Any]:

@@ -30,6 +30,7 @@ import struct
 import sys
 from array import array
 from bisect import bisect_right
+from itertools import accumulate
 from operator import methodcaller
 from typing import Any
 
@@ -53,6 +54,8 @@ class _Sentinel:
 _MARK = _Sentinel("mark")
 _ROW_MEMO = _Sentinel("a trace entry")          # memo slot of an entry that became a row
 _FRAMES_MEMO = _Sentinel("a trace entry's frames")   # only in a layout: replaced by the stack
+_FWD_MEMO = _Sentinel("a trace entry's forward_frames")   # likewise, torch 2.12+
+_POOL_MEMO = _Sentinel("a trace entry's pool_id")          # torch 2.12+: (int, int), a new tuple per entry
 
 # Rough bytes each kind of object costs (CPython 3.11, 64-bit), charged before it is built.
 _COST_OBJ, _COST_CONTAINER, _COST_ITEM = 32, 64, 16
@@ -114,13 +117,17 @@ class _Column(dict):
 class _Shape:
     """A compiled layout of trace entries: the regex and what each match means."""
 
-    __slots__ = ("regex", "groups", "memo_slots", "has_frames", "put_groups", "frames_slot")
+    __slots__ = ("regex", "groups", "memo_slots", "has_frames", "put_groups", "frames_slot", "fwd_slot", "pool_slot")
 
     def __init__(self, regex: Any, groups: dict[str, int], memo_slots: list[Any], has_frames: bool,
                  put_groups: list[int]) -> None:
         self.regex, self.groups, self.memo_slots = regex, groups, memo_slots
         self.has_frames, self.put_groups = has_frames, put_groups
         self.frames_slot = memo_slots.index(_FRAMES_MEMO) if has_frames else -1
+        self.fwd_slot = memo_slots.index(_FWD_MEMO) if _FWD_MEMO in memo_slots else -1
+        self.pool_slot = memo_slots.index(_POOL_MEMO) if _POOL_MEMO in memo_slots else -1
+        # forward_frames is optional in a layout learnt from an entry that has it: an entry
+        # without it has one memo slot fewer (the list's)
 
 
 _Q8 = struct.Struct("<Q").unpack_from
@@ -145,6 +152,7 @@ class Reader:
     def __init__(self, data: bytes, *, budget_bytes: int, max_depth: int = 10_000, max_rows: int = 50_000_000):
         self.data = data
         self.budget = budget_bytes
+        self.limit_text = f"{budget_bytes:,} bytes of objects besides the trace tables"
         self.max_depth = max_depth
         self.max_rows = max_rows
         self.memo: list[Any] = []
@@ -166,6 +174,13 @@ class Reader:
         self.run_pattern: list[list[Any]] = []
         self.run_sids: list[Any] = []
         self.run_fslot: list[int] = []
+        self.run_extra: list[Any] = []         # (shape, pool indices, forward stack ids) of each run
+        self.run_offsets: list[Any] = []       # None, or where each entry's slots start (entries that
+                                               # lack an optional list have one slot fewer)
+        self.pool_table: list[tuple[int, int]] = []
+        self.pool_index: dict[tuple[int, int], int] = {}
+        self._pools = _Pools(self)
+        self._pool_refs = _PoolRefs(self)
         self.vcount = 0
         self.columns = {"addr": _Column(ADDR_LIMIT), "size": _Column(SIZE_LIMIT), "stream": _Column(ADDR_LIMIT)}
         self.stack_ids: dict[Any, int] = {}
@@ -175,8 +190,9 @@ class Reader:
     def _charge(self, nbytes: int) -> None:
         self.budget -= nbytes
         if self.budget < 0:
-            raise PickleRefused("the pickle builds more objects than a memory snapshot of this size holds "
-                                "(over the reading budget; raise max_bytes if the snapshot is real)")
+            raise PickleRefused(f"the pickle builds more objects than the reading budget allows ({self.limit_text}); "
+                                "if the snapshot is real, raise it: --read-budget BYTES "
+                                "(Limits(budget_bytes=...) from Python)")
 
     # -- memo
     def _put(self, idx: int, obj: Any) -> None:
@@ -522,11 +538,29 @@ class Reader:
         real = self._real(idx)
         if real is None:
             i = bisect_right(self.run_vstart, idx) - 1
-            e, s = divmod(idx - self.run_vstart[i], len(self.run_pattern[i]))
+            offsets = self.run_offsets[i]
+            if offsets is True:
+                k = len(self.run_pattern[i])
+                offsets = self.run_offsets[i] = array("q", [0]) + array(
+                    "q", accumulate(k - (f == -2) for f in self.run_extra[i][2]))
+            if offsets is None:
+                e, s = divmod(idx - self.run_vstart[i], len(self.run_pattern[i]))
+            else:
+                rel = idx - self.run_vstart[i]
+                e = bisect_right(offsets, rel) - 1
+                s = rel - offsets[e]
+                fslot = self.run_extra[i][0].fwd_slot
+                if self.run_extra[i][2][e] == -2 and s >= fslot:
+                    s += 1                       # this entry has no forward_frames list
             if s == self.run_fslot[i]:
                 sid = self.run_sids[i][e]
                 return self.stack_table[sid] if sid >= 0 else ()
             obj = self.run_pattern[i][s]
+            if obj is _POOL_MEMO:
+                return self.pool_table[self.run_extra[i][1][e]]
+            if obj is _FWD_MEMO:
+                sid = self.run_extra[i][2][e]
+                return self.stack_table[sid] if sid >= 0 else ()
         elif real < 0:
             raise self._fail(pos, f"memo reference {idx} to an object not read yet")
         else:
@@ -638,6 +672,7 @@ class Reader:
     def _rows_for(self, stack: list[Any], k: int, lst: list[Any]) -> Rows:
         """Turn the (empty) list at stack[k] into a Rows table, in the memo too."""
         rows = Rows(self.stack_table)
+        rows.pool_table, rows.pool_index = self.pool_table, self.pool_index
         stack[k] = rows
         memo = self.memo
         for i in range(len(memo) - 1, -1, -1):
@@ -650,7 +685,8 @@ class Reader:
         i = len(rows)
         self.rows_total += 1
         if self.rows_total > self.max_rows:
-            raise PickleRefused(f"more than {self.max_rows:,} trace entries")
+            raise PickleRefused(f"more than {self.max_rows:,} trace entries; if the snapshot is real, raise the "
+                                f"limit: --max-events N (Limits(max_events=...) from Python)")
         action = r.action
         code = ACTION_CODE.get(action, UNKNOWN_CODE)
         values = [0, 0, 0]
@@ -673,8 +709,27 @@ class Reader:
         rows.sizes.append(values[1])
         rows.streams.append(values[2])
         rows.add_stacks((r.sid,))
+        pool = d.get("pool_id")
+        if pool is None:
+            rows.add_pools((-1,))
+        else:
+            if type(pool) not in (tuple, list) or len(pool) != 2 or not all(
+                    type(x) is int and 0 <= x < ADDR_LIMIT for x in pool):
+                raise PickleRefused(f"trace entry {i} ({action[:40]}): 'pool_id' must be two whole numbers, "
+                                    f"got {_short(pool)}")
+            rows.add_pools((self._pool_index((pool[0], pool[1])),))
+        fwd = d.get("forward_frames")
+        rows.add_fwd((self._stack_id_of(fwd) if fwd else -1,))
         if code == UNKNOWN_CODE:
             rows.unknown[i] = action[:100]
+
+    def _pool_index(self, pool: tuple[int, int]) -> int:
+        i = self.pool_index.get(pool)
+        if i is None:
+            self._charge(_COST_CONTAINER)
+            i = self.pool_index[pool] = len(self.pool_table)
+            self.pool_table.append(pool)
+        return i
 
     # -- the fast path
     def _learn(self, d: dict[str, Any], didx: int) -> None:
@@ -738,6 +793,34 @@ class Reader:
                 groups["frames"] = ng
                 slots.append(_FRAMES_MEMO)
                 has_frames = True
+            elif type(v) is list and k == "forward_frames":
+                # optional: the key, a new list and its items, or nothing (a free, a forward
+                # allocation): one layout for both, so that they alternate in one run
+                key_part = parts.pop()
+                opt = [key_part, rb"\]" + memo_tok]
+                if put_forms:
+                    ng += 1
+                    put_groups.append(ng)
+                opt.append(rb"((?:\(" + _GET_RE + rb"+e|" + _GET_RE + rb"a)?)")
+                ng += 1
+                groups["fwd"] = ng
+                parts.append(b"(?:" + b"".join(opt) + b")?")
+                slots.append(_FWD_MEMO)
+            elif type(v) is tuple and k == "pool_id" and len(v) == 2 and all(type(x) is int for x in v):
+                # torch 2.12+: a new (int, int) tuple per entry (TUPLE2, memoized), or one
+                # read before, referenced
+                if any(memo[i] is v for i in range(didx + 1, len(memo))):
+                    parts.append(b"(" + _int_re(v[0]) + _int_re(v[1]) + rb")\x86" + memo_tok)
+                    ng += 1
+                    groups["pool"] = ng
+                    if put_forms:
+                        ng += 1
+                        put_groups.append(ng)
+                    slots.append(_POOL_MEMO)
+                else:
+                    parts.append(b"(" + _GET_RE + b")")
+                    ng += 1
+                    groups["pool_ref"] = ng
             else:
                 return
         if "action" not in groups:
@@ -786,84 +869,142 @@ class Reader:
             target = self._rows_for(stack, m0 - 1, target)
         data = self.data
         pos = start
+        runs: list[tuple[_Shape, list[Any]]] = []
         while True:
             ms = list(iter(shape.regex.scanner(data, pos).match, None))
             if ms:
-                self._take(target, shape, ms)
+                runs.append((shape, ms))
                 pos = ms[-1].end()
+                if len(runs) >= 4096:                # bound the matches held at once
+                    self._take(target, runs)
+                    runs = []
             if data[pos:pos + 3] == b"e(}":          # the next batch of APPENDS: same list, same mark
                 nxt = self._match_any(pos + 2)
                 if nxt is None:
-                    return pos                       # the opcode loop takes the 'e' and the '('
+                    break                            # the opcode loop takes the 'e' and the '('
                 pos += 2
                 shape = nxt
                 continue
             nxt = self._match_any(pos, skip=shape)
             if nxt is None:
-                return pos
+                break
             shape = nxt
+        if runs:
+            self._take(target, runs)
+        return pos
 
-    def _take(self, rows: Rows, shape: _Shape, ms: list[Any]) -> None:
-        n = len(ms)
-        self.rows_total += n
-        self.fast_rows += n
+    def _take(self, rows: Rows, runs: list[tuple[_Shape, list[Any]]]) -> None:
+        """Add the entries of consecutive runs of matches (each run one layout) to ``rows``.
+
+        Each run is recorded in the memo bookkeeping in order (a later entry may refer to an
+        earlier one's objects), and its columns are gathered; the columns of all the runs are
+        then converted at once: entries of different layouts that alternate (torch 2.12's
+        backward allocations carry ``forward_frames``, their frees do not) cost no more than
+        one long run of one layout."""
+        n_all = sum(len(ms) for _, ms in runs)
+        self.rows_total += n_all
+        self.fast_rows += n_all
         if self.rows_total > self.max_rows:
-            raise PickleRefused(f"more than {self.max_rows:,} trace entries")
-        g = shape.groups
+            raise PickleRefused(f"more than {self.max_rows:,} trace entries; if the snapshot is real, raise the "
+                                f"limit: --max-events N (Limits(max_events=...) from Python)")
         base = len(rows)
         memo = self.memo
-        k = len(shape.memo_slots)
-        if shape.put_groups:
-            # protocols 2 and 3 name each memo index: they must be the next ones, in order
-            m0 = self._vlen()
-            for j, m in enumerate(ms):
-                for t, gi in enumerate(shape.put_groups):
-                    raw = m.group(gi)
-                    got = raw[1] if raw[0] == 0x71 else _U4(raw, 1)[0]
-                    if got != m0 + j * k + t:
-                        raise self._fail(m.start(), "memo indices out of order in a trace entry")
-        cols = list(zip(*map(_GROUPS, ms)))
-        sids = None
-        if shape.has_frames:
-            # a frames list may be referenced again (torch shares some): its slot gives the stack
-            sids = array("i", map(self._stacks.__getitem__, cols[g["frames"] - 1]))
-            self._charge(4 * n)
-        self.run_vstart.append(self._vlen())
-        self.run_real.append(len(memo))
-        self.vcount += k * n
-        self.run_end.append(self.vcount)
-        self.run_pattern.append(shape.memo_slots)
-        self.run_sids.append(sids)
-        self.run_fslot.append(shape.frames_slot)
-        acts = cols[g["action"] - 1]
-        codes = b"".join(map(self._acts.__getitem__, acts))        # one byte a row
-        rows.codes.frombytes(codes)
+        acts_all: list[bytes] = []
+        cols_all: dict[str, list[bytes]] = {"addr": [], "size": [], "stream": []}
+        sids_all, pids_all, fwd_all = array("i"), array("i"), array("i")
+        any_sids = rows.stacks is not None
+        any_pids = rows.pools is not None
+        any_fwd = rows.fwd is not None
+        zero = b"K\x00"
+        for shape, ms in runs:
+            n = len(ms)
+            g = shape.groups
+            k = len(shape.memo_slots)
+            if shape.put_groups:
+                # protocols 2 and 3 name each memo index: they must be the next ones, in order
+                want = self._vlen()
+                for m in ms:
+                    for gi in shape.put_groups:
+                        raw = m.group(gi)
+                        if raw is None:              # an optional list the entry does not have
+                            continue
+                        got = raw[1] if raw[0] == 0x71 else _U4(raw, 1)[0]
+                        if got != want:
+                            raise self._fail(m.start(), "memo indices out of order in a trace entry")
+                        want += 1
+            cols = list(zip(*map(_GROUPS, ms)))
+            sids = None
+            if shape.has_frames:
+                # a frames list may be referenced again (torch shares some): its slot gives the stack
+                sids = array("i", map(self._stacks.__getitem__, cols[g["frames"] - 1]))
+            pids = fsids = None
+            if "pool" in g:
+                pids = array("i", map(self._pools.__getitem__, cols[g["pool"] - 1]))
+            elif "pool_ref" in g:
+                pids = array("i", map(self._pool_refs.__getitem__, cols[g["pool_ref"] - 1]))
+            if "fwd" in g:
+                fsids = array("i", map(self._stacks.__getitem__, cols[g["fwd"] - 1]))
+            self.run_vstart.append(self._vlen())
+            self.run_real.append(len(memo))
+            missing = fsids.count(-2) if fsids is not None and shape.fwd_slot >= 0 else 0
+            if missing:
+                # entries without the optional forward_frames list have one slot fewer; where
+                # each entry's slots start is worked out if a memo reference ever needs it
+                self.run_offsets.append(True)
+                self.vcount += k * n - missing
+            else:
+                self.run_offsets.append(None)
+                self.vcount += k * n
+            self.run_end.append(self.vcount)
+            self.run_pattern.append(shape.memo_slots)
+            self.run_sids.append(sids)
+            self.run_fslot.append(shape.frames_slot)
+            self.run_extra.append((shape, pids, fsids))
+            acts_all.extend(cols[g["action"] - 1])
+            for name, col in cols_all.items():
+                gi = g.get(name) or (g.get("device_free") if name == "addr" else None)
+                col.extend(cols[gi - 1] if gi is not None else [zero] * n)
+            sids_all.extend(sids if sids is not None else array("i", [-1]) * n)
+            any_sids = any_sids or sids is not None
+            pids_all.extend(pids if pids is not None else array("i", [-1]) * n)
+            any_pids = any_pids or pids is not None
+            fwd_all.extend(fsids if fsids is not None else array("i", [-1]) * n)
+            any_fwd = any_fwd or fsids is not None
+        self._charge(4 * n_all * (any_sids + any_pids + any_fwd))
+        codes = b"".join(map(self._acts.__getitem__, acts_all))        # one byte a row
         if UNKNOWN_CODE in codes:
             for j, c in enumerate(codes):
                 if c == UNKNOWN_CODE:
-                    rows.unknown[base + j] = str(self._get(_get_index(acts[j]), -1))[:100]
+                    rows.unknown[base + j] = str(self._get(_get_index(acts_all[j]), -1))[:100]
+        at = 0
+        for shape, ms in runs:                    # a field a run's layout lacks, where its actions need it
+            g = shape.groups
+            for name in ("addr", "size", "stream"):
+                if g.get(name) is None and (name != "addr" or g.get("device_free") is None):
+                    for j in range(at, at + len(ms)):
+                        c = codes[j]
+                        if name in NEEDS.get(c, ()) or (name == "addr" and "device_free" in NEEDS.get(c, ())):
+                            raise PickleRefused(f"trace entry {base + j} ({ACTIONS[c]}): '{name}' is missing")
+            at += len(ms)
         for name, col in (("addr", rows.addrs), ("size", rows.sizes), ("stream", rows.streams)):
-            gi = g.get(name) or (g.get("device_free") if name == "addr" else None)
-            if gi is None:
-                for j, c in enumerate(codes):
-                    if name in NEEDS.get(c, ()) or (name == "addr" and "device_free" in NEEDS.get(c, ())):
-                        raise PickleRefused(f"trace entry {base + j} ({ACTIONS[c]}): '{name}' is missing")
-                col.extend(array("q", [0]) * n)
-                continue
             column = self.columns[name]
+            raws = cols_all[name]
             try:
-                col.frombytes(b"".join(map(column.__getitem__, cols[gi - 1])))
+                data = b"".join(map(column.__getitem__, raws))
             except _OutOfRange:
-                raws = cols[gi - 1]
                 j = next(j for j, raw in enumerate(raws) if not 0 <= _int_of(raw) < column.limit)
                 what = "a whole number of bytes" if name == "size" else "a whole number"
                 fname = "device_free" if name == "addr" and codes[j] == OOM_CODE else name
-                raise PickleRefused(f"trace entry {base + j} ({self._action_name(codes[j], acts[j])}): '{fname}' "
-                                    f"must be {what} in [0, {column.limit:#x}), got {_int_of(raws[j])}") from None
-        if shape.has_frames:
-            rows.add_stacks(sids)
-        elif rows.stacks is not None:
-            rows.stacks.extend(array("i", [-1]) * n)
+                raise PickleRefused(f"trace entry {base + j} ({self._action_name(codes[j], acts_all[j])}): "
+                                    f"'{fname}' must be {what} in [0, {column.limit:#x}), got {_int_of(raws[j])}") from None
+            col.frombytes(data)
+        rows.codes.frombytes(codes)
+        if any_sids:
+            rows.add_stacks(sids_all)
+        if any_pids:
+            rows.add_pools(pids_all)
+        if any_fwd:
+            rows.add_fwd(fwd_all)
 
     def _action_name(self, code: int, raw: bytes) -> str:
         return ACTIONS[code] if code < len(ACTIONS) else str(self._get(_get_index(raw), -1))[:40]
@@ -884,12 +1025,44 @@ class _Acts(dict):
         return code
 
 
+class _Pools(dict):
+    """The two integer opcodes of a new pool_id tuple -> its index in the pool table."""
+
+    def __init__(self, reader: "EntryReader") -> None:
+        super().__init__()
+        self.reader = reader
+
+    def __missing__(self, raw: bytes) -> int:
+        first = _INT_RE_ONE.match(raw)
+        a, b = _int_of(first.group()), _int_of(raw[first.end():])
+        if not (0 <= a < ADDR_LIMIT and 0 <= b < ADDR_LIMIT):
+            raise PickleRefused(f"a trace entry's 'pool_id' must be two whole numbers, got ({a}, {b})")
+        i = self[raw] = self.reader._pool_index((a, b))
+        return i
+
+
+class _PoolRefs(dict):
+    """A memo reference to a pool_id tuple read before -> its index in the pool table."""
+
+    def __init__(self, reader: "EntryReader") -> None:
+        super().__init__()
+        self.reader = reader
+
+    def __missing__(self, raw: bytes) -> int:
+        v = self.reader._get(_get_index(raw), -1)
+        if type(v) is not tuple or len(v) != 2 or not all(type(x) is int and 0 <= x < ADDR_LIMIT for x in v):
+            raise PickleRefused(f"a trace entry's 'pool_id' must be two whole numbers, got {_short(v)}")
+        i = self[raw] = self.reader._pool_index((v[0], v[1]))
+        return i
+
+
 class _Stacks(dict):
     """The items of a frames list (memo references to frame dicts) -> a stack id."""
 
     def __init__(self, reader: "Reader") -> None:
         super().__init__()
         self.reader = reader
+        self[None] = -2                  # an optional list (forward_frames) a matched entry does not have
 
     def __missing__(self, raw: bytes) -> int:
         frames = [self.reader._get(_get_index(t), -1) for t in _GETS_RE.findall(raw, 1 if raw[:1] == b"(" else 0)]
@@ -917,6 +1090,7 @@ class _RowTuple(tuple):
 
 
 _GROUPS = methodcaller("groups")
+_INT_RE_ONE = re.compile(_INT_RE, re.DOTALL)
 _GETS_RE = re.compile(rb"(?:h.|j....)", re.DOTALL)
 
 

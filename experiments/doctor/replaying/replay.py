@@ -34,7 +34,7 @@ from typing import Any, Sequence
 
 from ..errors import ImpossibleTraceError
 from ..model.engine import Engine, EngineOutOfMemory, no_cyclic_gc
-from ..model.rules import DEFAULT_POOL, H200_TOTAL_MEMORY, SMALL_SIZE
+from ..model.rules import DEFAULT_POOL, H200_TOTAL_MEMORY, SMALL_SIZE, get_allocation_size
 from ..reading.rows import ALLOC, FREE_DONE, FREE_REQ, OOM, SEG_ALLOC, SEG_FREE, SEG_MAP, SEG_UNMAP, SNAPSHOT
 from .attribution import PoolAttribution, alternatives, search
 from .requests import KEY_SHIFT, R_ALLOC, R_FREE_DONE, R_FREE_REQ, R_FREEABLE, R_RESTORE, R_RETRY, Requests
@@ -71,9 +71,9 @@ class _Replayer:
 
     def __init__(self, trace: Any, cap_bytes: int | None, total_memory: int,
                  forced: dict[int, tuple[int, int]] | None = None, *, stop_at: int | None = None,
-                 series: bool = True):
+                 series: bool = True, rule: str = "2.11"):
         self.trace = trace
-        self.engine = Engine(trace.config, cap_bytes=cap_bytes, total_memory=total_memory)
+        self.engine = Engine(trace.config, cap_bytes=cap_bytes, total_memory=total_memory, rule=rule)
         self.bases: list[int] = []           # sorted segment / range bases seen by the trace
         self.seg_end: dict[int, int] = {}
         self.seg_pool: dict[int, tuple[int, int]] = {}
@@ -94,6 +94,7 @@ class _Replayer:
         self.series = series                 # keep the bytes after every request (the peaks are kept either way)
         self.expandable = trace.config.expandable_segments
         self.result: Run | None = None
+        self.gc_caps: list[float] = []      # caps below which each collection followed says the cap is
 
     # -- segment bookkeeping of the trace
     def _containing(self, addr: int) -> int | None:
@@ -169,8 +170,10 @@ class _Replayer:
         bases, seg_end, seg_pool = self.bases, self.seg_end, self.seg_pool
         malloc, free_req, free_done = eng.malloc, eng.free_requested, eng.free_completed
         i = 0
+        no_requests = trace.skipped_actions is not None and "free_requested" in trace.skipped_actions
         try:
             run.initial = self._seed()
+            run.start_reserved, run.start_allocated = eng.reserved_bytes, eng.allocated_bytes
             only_default = not private
             stop = n if self.stop_at is None else min(n, self.stop_at)
             for i, code, addr, size, stream in zip(range(stop), codes, addrs, ev.sizes, ev.streams):
@@ -191,6 +194,14 @@ class _Replayer:
                     if buf:
                         self._flush_empty(i, buf)
                     blk = pending.pop(addr, None)
+                    if blk is None and no_requests and addr in live:
+                        # skip_actions=["free_requested"]: the free is recorded once, completed
+                        blk = live.pop(addr)
+                        free_req(blk)
+                        put(R_FREE_REQ | keys[addr] << KEY_SHIFT)
+                        if series:
+                            put_a(eng.allocated_bytes)
+                            put_r(eng.reserved_bytes)
                     if blk is None:
                         self._unknown_block(i, "free_completed", addr)
                     free_done(blk)
@@ -401,7 +412,13 @@ class _Replayer:
         frees = [j for j in buf if ev[j][0] in (SEG_FREE, SEG_UNMAP)]
         small = eng.round(size) <= SMALL_SIZE
         # an empty_cache before this request, unless the malloc path itself releases
-        if frees and not eng.malloc_releases(size, stream, self._pool_guess(i, addr, stream, creates)):
+        if (frees and creates and eng.cap_bytes is None and eng.config.garbage_collection_threshold
+                and all(j < min(creates) for j in frees)
+                and self._follow_gc(frees, get_allocation_size(eng.round(size), eng.config))):
+            # garbage_collection_threshold under a cap the snapshot does not record: the
+            # collector's releases (right before the new segment) are taken as the trace shows
+            buf[:] = [j for j in buf if j not in frees]
+        elif frees and not eng.malloc_releases(size, stream, self._pool_guess(i, addr, stream, creates)):
             first_create = min(creates) if creates else None
             pre = [j for j in buf if j in frees and (first_create is None or j < first_create)]
             rest = [j for j in buf if j not in pre]
@@ -419,7 +436,10 @@ class _Replayer:
                 region = (j, a, a + s)
             elif c == SEG_MAP and self._containing(a) is None:
                 region = (j, a, a + eng.range_size(small))
-        if region is not None:
+        entry_pool = self.trace.pool_of(i)      # torch 2.12+ says which pool, on the entry itself
+        if region is not None and entry_pool is not None:
+            pool = entry_pool
+        elif region is not None:
             j, lo, hi = region
             known = None
             if ev[j][0] == SEG_ALLOC:
@@ -463,6 +483,29 @@ class _Replayer:
         self.requests.add_alloc(R_ALLOC, self.next_key, pool)
         self.next_key += 1
 
+    def _follow_gc(self, frees: list[int], alloc: int) -> bool:
+        """Release the whole cached segments the trace released before a new segment (the
+        garbage collector's, or the out-of-memory path's once the cap refused the segment, under
+        a cap the snapshot does not record); False if one is not a whole free segment of the
+        default large pool (then it was something else). Either bounds the cap from above: a
+        collection runs when reserved > threshold x cap, a refusal when reserved + the new
+        segment > cap."""
+        eng, ev = self.engine, self.trace.events
+        blocks = []
+        for j in frees:
+            c, a, s, _ = ev[j]
+            b = eng.cached_segment(a)
+            if c != SEG_FREE or b is None or b.size != s or b.seg.small or b.seg.pool_id != DEFAULT_POOL:
+                return False
+            blocks.append(b)
+        self.gc_caps.append(max(eng.reserved_bytes / eng.config.garbage_collection_threshold,
+                                eng.reserved_bytes + alloc))
+        for b in blocks:
+            eng.release_cached_segment(b)
+            self.segment_log.append(("segment_free", b.seg.addr, b.size))
+            self._drop_base(b.seg.addr)
+        return True
+
     def _restore(self, i: int, addr: int, size: int, stream: int, pool: tuple[int, int]) -> None:
         # a block put where a private pool's checkpoint held it, not where best fit would
         blk = self.engine.alloc_checkpointed_block(addr, size, stream, pool)
@@ -475,7 +518,7 @@ class _Replayer:
     def _oom(self, i: int, buf: list[int], size: int, stream: int) -> None:
         eng = self.engine
         eng.address_hook = None
-        pool = self.attribution.stream_pool(stream, i)
+        pool = self.trace.pool_of(i) or self.attribution.stream_pool(stream, i)
         self._mark_freeable([j for j in buf if self.trace.events[j][0] in (SEG_FREE, SEG_UNMAP)])
         try:
             eng.malloc(size, stream, pool)
@@ -504,14 +547,35 @@ class _Replayer:
                     raise _Mismatch(n, "end", "the final layout differs from the snapshot's segments", w, g)
 
 
+RULE_NOTES = {"2.11": "torch 2.11 and before: checked on the lab H200 (torch 2.11)",
+              "2.12": "read from the source, not yet checked on a GPU",
+              "2.13": "read from the source, not yet checked on a GPU"}
+
+
+def candidate_rules(trace: Any) -> tuple[str, ...]:
+    """The best-fit orders to try on ``trace``, the likeliest first: what its layout shows (no
+    ``pool_id``: torch 2.11 or before; ``pool_id``: 2.12 or 2.13, which write the same
+    layout; 2.14's keys: 2.13's order), then the others (RULES.md §G)."""
+    if trace.layout == "2.11":
+        return ("2.11", "2.13", "2.12")
+    if trace.layout == "2.14":
+        return ("2.13", "2.12", "2.11")
+    return ("2.13", "2.12", "2.11")
+
+
 def replay(trace: Any, *, cap_bytes: int | None = None, total_memory: int | None = None,
-           stop_at: int | None = None, series: bool = True) -> Run:
-    """Replay ``trace`` (a :class:`~experiments.doctor.reading.trace.Trace`) under the settings
-    it was recorded with; check it event by event.
+           stop_at: int | None = None, series: bool = True, rule: str | None = None) -> Run:
+    """Replay ``trace`` under the settings it was recorded with; check it event by event.
 
     Where the trace leaves a new segment's pool open, the replay chooses and, when the trace
     later contradicts a choice, goes back and replays again
-    (:func:`experiments.doctor.replaying.attribution.search`).
+    (:func:`experiments.doctor.replaying.attribution.search`). Torch 2.12+ traces name each request's
+    pool (``pool_id`` on every entry): then nothing is chosen.
+
+    Best fit breaks ties between equal-size free blocks by release (:data:`experiments.doctor.model.engine.RULES`): the
+    replay takes the order the trace's layout points to and, when the trace contradicts it
+    after a tie was decided, tries the others (:func:`candidate_rules`); ``Run.rule`` is the
+    one that matched (or got furthest), ``Run.rules_tried`` all those run.
 
     Args:
         cap_bytes: the memory cap the program ran under (default: the snapshot's own
@@ -523,22 +587,68 @@ def replay(trace: Any, *, cap_bytes: int | None = None, total_memory: int | None
             ``live_keys`` then maps each allocated block to its allocation's trace event).
         series: keep allocated and reserved bytes after every request (for the figure; the
             peaks are kept either way).
+        rule: replay under this order only ('2.11', '2.12' or '2.13').
 
     Returns:
         a :class:`Run` whose ``matches_trace`` says whether every segment event, block address
         and reserved-bytes value agreed, and ``first_mismatch`` where not (of the replay that
         got furthest); with ``alternatives`` and ``open_keys`` where pools were left open.
     """
+    rules = (rule,) if rule is not None else candidate_rules(trace)
+    best = None
+    tried = []
+    for r in rules:
+        run = _replay_rule(trace, cap_bytes, total_memory, stop_at, series, r)
+        tried.append(r)
+        if best is None or run.matches_trace or (run.events_replayed or 0) > (best.events_replayed or 0):
+            best = run
+        # another order matters only where this one decided a tie between equal-size blocks
+        if run.matches_trace or not run.rule_ties:
+            break
+    best.rules_tried = tuple(tried)
+    _explain_skipped(trace, best)
+    return best
+
+
+def _explain_skipped(trace: Any, run: Run) -> None:
+    # A trace recorded with _record_memory_history(skip_actions=[...]) lacks entries the replay
+    # needs: say so in the one line of the mismatch.
+    mm = run.first_mismatch
+    if not mm:
+        return
+    codes = trace.events.codes
+    missing = [name for name, code in (("alloc", ALLOC), ("free_completed", FREE_DONE), ("segment_alloc", SEG_ALLOC),
+                                       ("segment_free", SEG_FREE)) if code not in codes]
+    if not missing:
+        return
+    if "segment_alloc" in missing and SEG_MAP in codes:
+        missing.remove("segment_alloc")            # expandable segments map, they do not allocate
+    if "segment_free" in missing and "segment_events differ" not in mm["reason"].replace(" ", "_").replace("_", " "):
+        missing.remove("segment_free")
+    if "alloc" in missing and FREE_REQ not in codes and FREE_DONE not in codes:
+        missing.remove("alloc")
+    if missing:
+        mm["reason"] = (f"the trace has no {' or '.join(missing)} entries (recorded with "
+                        f"_record_memory_history(skip_actions={missing!r})?): the replay needs them to follow "
+                        f"the allocator; record again without skipping them ({mm['reason']})")
+
+
+def _replay_rule(trace: Any, cap_bytes: int | None, total_memory: int | None, stop_at: int | None,
+                 series: bool, rule: str) -> Run:
     cap = cap_bytes if cap_bytes is not None else trace.cap_bytes
     total = total_memory or trace.total_memory or H200_TOTAL_MEMORY
 
     def once(forced: dict[int, tuple[int, int]]) -> _Replayer:
-        r = _Replayer(trace, cap, total, forced, stop_at=stop_at, series=series)
+        r = _Replayer(trace, cap, total, forced, stop_at=stop_at, series=series, rule=rule)
         with no_cyclic_gc():
             r.run()
         return r
 
     best, last = search(once)
+    best.rule = rule
+    best.rule_ties = last.engine.rule_ties
+    if last.gc_caps:
+        best.gc_cap_range = (best.peak_reserved_bytes, int(min(last.gc_caps)))
     best.oom_events = trace.events.codes.count(OOM)
     best.restores = last.restores
     if stop_at is not None and best is last.result:
@@ -555,4 +665,4 @@ def replay(trace: Any, *, cap_bytes: int | None = None, total_memory: int | None
     return best
 
 
-__all__ = ["Run", "replay"]
+__all__ = ["RULE_NOTES", "Run", "candidate_rules", "replay"]

@@ -77,6 +77,15 @@ class Run:
     open_keys: frozenset = frozenset()
     live_keys: dict[int, int] = dataclasses.field(default_factory=dict)
     restores: int = 0
+    start_reserved: int = 0            # reserved and allocated bytes the recording started with
+    start_allocated: int = 0
+    finished: bool = True              # a what-if: no request failed that the recording served
+    stopped_at_request: int | None = None
+    new_ooms: int = 0
+    gc_cap_range: tuple[int, int] | None = None   # a GC threshold under an unknown cap: where the cap lies
+    rule: str = "2.11"
+    rules_tried: tuple[str, ...] = ()
+    rule_ties: int = 0
     exact: bool | None = None
     bound_bytes: int = 0
     uncertain: list[str] = dataclasses.field(default_factory=list)
@@ -100,7 +109,8 @@ class Run:
             out.update(exact=self.exact, bound_bytes=self.bound_bytes, uncertain=list(self.uncertain),
                        peak_reserved_range_bytes=list(self.peak_reserved_range_bytes or ()),
                        final_reserved_range_bytes=list(self.final_reserved_range_bytes or ()),
-                       oom_events_range=list(self.oom_events_range or ()))
+                       oom_events_range=list(self.oom_events_range or ()),
+                       finished=self.finished, stopped_at_request=self.stopped_at_request)
         return out
 
     def finish(self, engine: Any) -> None:

@@ -1,0 +1,78 @@
+"""How `make test` shares the tests out between pytest-xdist's workers (tests/conftest.py).
+
+A test module whose module-scoped fixture is costly (a graded class, a built wheel, the student
+site, a Pyodide tab) runs whole in one worker, so that the fixture is made once; every other
+test goes to whichever worker is free. Costly work is handed out first, longest first (the
+workers sort the tests so: :func:`order_key`), so that no worker is left with a long test at
+the end while the other idles.
+
+xdist's own ``--dist loadgroup`` would do the grouping from ``xdist_group`` marks, but with
+pytest 9.2 it silently does not (pytest-xdist issue 1386: the group is appended to a test's id,
+which pytest 9.2 no longer reads back), so the groups are found here, from the test files
+alone, where the controlling process (which collects nothing) can find them too.
+"""
+from __future__ import annotations
+
+import ast
+import functools
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+# Module- and class-scoped fixtures that are cheap to make again in a second worker: a module
+# that uses only these is not kept in one worker. The browser starts in about a second.
+CHEAP_SHARED = frozenset({"browser"})
+
+
+def _costly_fixtures(tree: ast.Module) -> set[str]:
+    """Names of the module-, class- or package-scoped fixtures a test file defines, less the cheap."""
+    names = set()
+    for node in tree.body:
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or node.name in CHEAP_SHARED:
+            continue
+        for dec in node.decorator_list:
+            if isinstance(dec, ast.Call) and ast.unparse(dec.func).endswith("fixture") and any(
+                    k.arg == "scope" and isinstance(k.value, ast.Constant)
+                    and k.value.value in ("module", "class", "package") for k in dec.keywords):
+                names.add(node.name)
+    return names
+
+
+@functools.lru_cache(maxsize=1)
+def shared_setup_modules() -> frozenset[str]:
+    """Test files (``tests/test_x.py``, as in test ids) that define a costly module-scoped
+    fixture, or import one from another test file."""
+    trees = {p: ast.parse(p.read_text(encoding="utf-8")) for p in sorted(TESTS.glob("test_*.py"))}
+    costly = {p.stem: _costly_fixtures(t) for p, t in trees.items()}
+    out = set()
+    for path, tree in trees.items():
+        used = set(costly[path.stem])
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module in costly:
+                used |= {a.name for a in node.names} & costly[node.module]
+        if used:
+            out.add(f"{TESTS.name}/{path.name}")
+    return frozenset(out)
+
+
+def module_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def order_key(nodeid: str, slow: bool, module_slow: bool) -> tuple[int, int]:
+    """Where a test goes in the order the workers hand tests out: the modules that run whole
+    first (the slow ones first), then single slow tests, then the rest."""
+    if module_of(nodeid) in shared_setup_modules():
+        return (0, 0 if module_slow else 1)
+    return (1, 0 if slow else 1)
+
+
+def make_scheduler(config, log):
+    """xdist's scope scheduler, with a scope per test except for the modules that run whole."""
+    from xdist.scheduler.loadscope import LoadScopeScheduling
+
+    class SharedSetupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = module_of(nodeid)
+            return module if module in shared_setup_modules() else nodeid
+
+    return SharedSetupScheduling(config, log)
