@@ -1,7 +1,9 @@
 """The page "Check your own snapshot" as readers with other habits meet it (issue 26), in Debian's
 chromium: ranges wherever the doctor has one, the page's own words, a true download size, one
-unit per figure, readable at 390 and 1280 px in both colour schemes, and what it does without
-the network once loaded.
+unit per figure, readable at 390 and 1280 px in both colour schemes, what it does without
+the network once loaded, the first answer before the grid (which fills in after and can be
+stopped), and what the doctor's answer rests on (the GPU's memory, which the reader can give;
+its notes; what-ifs that stop part-way).
 
 One tab (``doctor_run``) loads the page, has a file dropped while the network is off, then one
 online (Python loads) and one offline again; the tests read what it showed, and switch its
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
 import time
 from pathlib import Path
@@ -22,7 +25,7 @@ import pytest
 from experiments.core.units import format_bytes
 
 from .test_browser_readers import CONTRAST_JS
-from .test_doctor_page import Tab, _set_what_ifs, cli
+from .test_doctor_page import LONG_TRACE, SCREENSHOTS, Tab, _set_what_ifs, _unless_overloaded, cli
 
 pytestmark = pytest.mark.slow
 
@@ -36,6 +39,17 @@ OTHER = CASES / "handoff.pickle.gz"
 MIXED_UNITS = CASES / "loader_capped.pickle.gz"
 TICKED = ["expandable_segments:True", "max_split_size_mb:128"]
 COMBOS = [("light", 1280), ("dark", 1280), ("light", 390), ("dark", 390)]
+FIRST_ANSWER_S = 5.0   # the first answer on the 451k-event trace, Python loaded (issue 26: 17-26 s)
+
+# Every change of the page's state, with the time since the call: [ms, state, grid rows so far,
+# first result shown, settings table shown], in window.__memlabLog.
+LOG_JS = """() => { const r = document.getElementById('memlab-doctor'), t0 = performance.now();
+    window.__memlabLog = [];
+    if (window.__memlabObserver) window.__memlabObserver.disconnect();
+    window.__memlabObserver = new MutationObserver(() => window.__memlabLog.push([Math.round(performance.now() - t0),
+        r.dataset.state || '', +(r.dataset.gridRows || 0), !!r.dataset.firstResultSeconds,
+        !!document.querySelector('.memlab-doctor-results:not([hidden]) .memlab-doctor-table')]));
+    window.__memlabObserver.observe(r, {attributes: true}); }"""
 
 
 def _wait(tab, timeout_s: float = 300) -> dict:
@@ -70,6 +84,7 @@ def doctor_run(browser, site):
         seen["offline_first"] = _drop(tab, OTHER)
         tab.context.set_offline(False)
         tab.page.locator("#memlab-doctor").evaluate("e => { delete e.dataset.state }")
+        tab.page.evaluate(LOG_JS)
         tab.page.set_input_files("#memlab-doctor-file", str(MIXED_UNITS))
         t0 = time.perf_counter()
         status = ""
@@ -78,6 +93,10 @@ def doctor_run(browser, site):
             tab.page.wait_for_timeout(50)
         seen["status"] = status
         seen["online"] = _wait(tab)
+        seen["log"] = tab.page.evaluate("() => window.__memlabLog")
+        seen["online_json"] = tab.page.locator(".memlab-doctor-results").get_attribute("data-json")
+        seen["sections"] = tab.page.evaluate("""() => [...document.querySelectorAll('.memlab-doctor-results > section')]
+            .map(s => s.className + ':' + (s.dataset.key || ''))""")
         seen["figure"] = {}
         for width in (1280, 390):
             _show(tab, "light", width)
@@ -288,5 +307,180 @@ def test_messages_use_the_pages_words(doctor_run, tmp_path):
         problems.append(f"over the limit: {got['error']}")
     labels = page.evaluate("() => [...document.querySelectorAll('.memlab-doctor-settings label')].map(l => l.textContent)")
     problems += [f"control: {t}" for t in labels if re.search(r"--[a-z]", t)]
+    assert _drop(tab, RANGED)["error"] is None   # the result again, for any test after this one
+    assert not problems, "\n".join(problems)
+
+
+def test_the_grid_fills_in_after_the_first_answer_and_the_whole_answer_takes_its_place(doctor_run, tmp_path):
+    """Issue 26: the first result waited for the whole grid. With the suggestion asked for, the
+    replay and the what-ifs show first, the grid's settings fill in while it runs, and the whole
+    answer (the command line's --suggest JSON byte for byte) replaces the grid's table."""
+    tab, seen = doctor_run
+    log = seen["log"]
+    first = next((k for k, e in enumerate(log) if e[3]), None)
+    done = next((k for k, e in enumerate(log) if e[1] == "done"), None)
+    assert first is not None and done is not None, log
+    at_first = log[first]
+    assert at_first[1] == "grid" and at_first[2] == 0 and at_first[4], \
+        f"the first result came with the whole grid, not before it: {at_first} (log {log})"
+    rows = [e[2] for e in log[first:done + 1]]
+    assert rows == sorted(rows) and rows[-1] >= 8 and len(set(rows)) >= 8, f"the grid did not fill in: {rows}"
+    name = MIXED_UNITS.name
+    (tmp_path / name).write_bytes(MIXED_UNITS.read_bytes())
+    want = cli(tmp_path, ["doctor", name, *sum((["--what-if", w] for w in TICKED), []), "--suggest", "--json"])
+    assert want.returncode == 0, want.stderr
+    assert seen["online_json"] == want.stdout, "the page's final answer is not the command line's"
+    assert rows[-1] == len(json.loads(want.stdout)["suggestion"]["rows"])
+    assert not [s for s in seen["sections"] if "gridrun" in s], seen["sections"]
+    assert "memlab-doctor-suggestion:suggestion" in seen["sections"], seen["sections"]
+
+
+def test_the_first_answer_on_a_451k_event_trace_comes_before_the_grid_which_can_be_stopped(browser, site):
+    """Issue 26: on a 451k-event trace the first result waited for the whole grid (17-26 s, of
+    which the grid 13-20 s; the replay and the what-ifs 3-4 s). Now the replay and the what-if
+    show first (target 5 s from the drop, Python loaded in the tab), the grid fills in after,
+    and Stop keeps what is shown; Python starts again at the next drop."""
+    tab = Tab(browser, site["origin"])
+    try:
+        _set_what_ifs(tab.page, ["expandable_segments:True"], [])   # the page's defaults: one what-if, the grid
+        assert _drop(tab, OTHER)["error"] is None                    # Python loaded in the tab
+        tab.page.evaluate(LOG_JS)
+        tab.page.locator("#memlab-doctor").evaluate("e => { delete e.dataset.state; delete e.dataset.firstResultSeconds }")
+        t0 = time.perf_counter()
+        tab.page.set_input_files("#memlab-doctor-file", str(LONG_TRACE))
+        tab.page.wait_for_selector("#memlab-doctor[data-first-result-seconds], .memlab-doctor-error:not([hidden])",
+                                   timeout=300_000)
+        wall = time.perf_counter() - t0
+        err = tab.page.locator(".memlab-doctor-error")
+        assert not err.is_visible(), err.inner_text()
+        first = tab.page.locator("#memlab-doctor").evaluate("e => ({...e.dataset})")
+        at_first = {"state": first.get("state"), "grid rows": int(first.get("gridRows") or 0),
+                    "stop shown": tab.page.locator(".memlab-doctor-stop-grid").is_visible()}
+        events = json.loads(tab.page.locator(".memlab-doctor-results").get_attribute("data-json"))["trace_events"]
+        print(f"{LONG_TRACE.name} ({events:,} events): first answer {first['firstResultSeconds']} s after the drop "
+              f"(wall {wall:.1f} s; replay and what-if {first.get('seconds')}); load average "
+              f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; at that moment {at_first}")
+        assert events >= 450_000
+        assert at_first["state"] == "grid" and at_first["stop shown"], \
+            f"the first answer came after the grid ({first['firstResultSeconds']} s): {at_first}"
+        tab.page.wait_for_function("() => +(document.getElementById('memlab-doctor').dataset.gridRows || 0) >= 2",
+                                   timeout=120_000)
+        t1 = time.perf_counter()
+        tab.page.locator(".memlab-doctor-stop-grid").click()
+        tab.page.wait_for_selector("#memlab-doctor[data-state=stopped]", timeout=5_000)
+        stop_s = time.perf_counter() - t1
+        kept = tab.page.evaluate("""() => ({
+            rows: +document.getElementById('memlab-doctor').dataset.gridRows,
+            shown: document.querySelectorAll('.memlab-doctor-gridrun tbody tr').length,
+            status: document.querySelector('.memlab-doctor-gridrun .memlab-doctor-grid-status').textContent,
+            busy: !document.querySelector('.memlab-doctor-status').hidden,
+            tables: document.querySelectorAll('.memlab-doctor-results table').length})""")
+        print(f"stopped {stop_s:.2f} s after the click with {kept['rows']} settings of the grid shown: {kept['status']}")
+        assert not kept["busy"] and kept["rows"] >= 2 and kept["shown"] == kept["rows"] and kept["tables"] >= 2, kept
+        assert "Stopped after" in kept["status"], kept
+        assert tab.page.evaluate("() => window.__memlabLog.every(e => e[4] || !e[3])")
+        again = _drop(tab, OTHER)
+        assert again["error"] is None, again["error"]
+        assert not tab.outside and not tab.problems, tab.outside + tab.problems
+        # The first answer is the doctor's own work (read, replay, what-if) and little else: no
+        # grid. Its time on a machine others share is measured; the target holds on one not shared.
+        secs = json.loads(first["seconds"])
+        page_s = float(first["firstResultSeconds"]) - secs["replay"] - sum(secs["what_if"])
+        assert page_s <= 3.0, f"{page_s:.1f} s of the first answer's {first['firstResultSeconds']} s are neither " \
+                              "the replay nor the what-if (reading the file takes about 1.5 s)"
+        _unless_overloaded(f"first answer {first['firstResultSeconds']} s")
+        if os.getloadavg()[0] <= 1.0:
+            assert float(first["firstResultSeconds"]) <= FIRST_ANSWER_S, first
+    finally:
+        tab.close()
+
+
+KV_CAP = 40 * 2**20          # below the 54 MiB kv_two_streams holds at once: every what-if stops part-way
+GPU_GIB = 80
+
+
+def _readable(page, width: int) -> list[str]:
+    """What keeps the doctor's result from being read at ``width``: wider than the screen, a
+    setting broken mid-word, a text under WCAG AA."""
+    wide = page.evaluate(f"""() => [...document.querySelectorAll('article *')]
+        .filter(e => e.getBoundingClientRect().right > {width} + 1 && getComputedStyle(e).position !== 'fixed')
+        .filter(e => !e.closest('.memlab-scroll, .highlight, pre'))
+        .slice(0, 5).map(e => e.tagName + '.' + e.className)""")
+    out = [f"wider than {width} px: {wide}"] if wide or page.evaluate("() => document.documentElement.scrollWidth") > width else []
+    out += [f"broken mid-word: {b}" for b in page.evaluate(BROKEN_JS)[:5]]
+    texts = page.evaluate(CONTRAST_JS, "#memlab-doctor")
+    out += [f"under AA: {t['where']} {t['ratio']:.2f} {t['text']!r}" for t in texts if t["ratio"] < t["need"]][:5]
+    return out
+
+
+def test_the_gpu_memory_notes_and_what_ifs_that_stop_part_way_are_shown_and_the_reader_gives_the_gpu_memory(doctor_run, tmp_path):
+    """Issue 24's fields on the page: where the GPU's memory comes from (and a field to give it,
+    the command line's --total-memory), the doctor's warnings in the page's words, the best-fit
+    order the replay followed, and what-ifs that run out of memory where the recording did not;
+    none shown as raw JSON, all readable at 390 and 1280 px in both schemes."""
+    tab, _ = doctor_run
+    _show(tab, "light", 1280)
+    page = tab.page
+    name = RANGED.name
+    (tmp_path / name).write_bytes(RANGED.read_bytes())
+    problems = []
+    page.fill("#memlab-doctor-total", "-1")
+    page.locator(".memlab-doctor-run").click()
+    err = page.locator(".memlab-doctor-error")
+    err.wait_for(state="visible", timeout=60_000)
+    if "GPU's memory" not in err.inner_text() or "--" in err.inner_text():
+        problems.append(f"a GPU memory of -1 GiB: {err.inner_text()}")
+    # the reader's GPU memory and a cap below the program's need
+    _set_what_ifs(page, ["expandable_segments:True", ""], [], cap_gib=KV_CAP / 2**30, suggest=False)
+    page.fill("#memlab-doctor-total", str(GPU_GIB))
+    got = _drop(tab, RANGED)
+    assert got["error"] is None, got["error"]
+    page_json = page.locator(".memlab-doctor-results").get_attribute("data-json")
+    want = cli(tmp_path, ["doctor", name, "--what-if", "expandable_segments:True", "--what-if", "", "--cap", str(KV_CAP),
+                          "--total-memory", str(GPU_GIB * 2**30), "--json"])
+    assert want.returncode == 0, want.stderr
+    if page_json != want.stdout:
+        problems.append("the page's answer with the GPU's memory given is not the command line's --total-memory one")
+    doc = json.loads(want.stdout)
+    shown = page.evaluate("""() => ({
+        basis: (document.querySelector('.memlab-doctor-basis') || {}).textContent || '',
+        warnings: [...document.querySelectorAll('.memlab-doctor-warnings li')].map(l => l.textContent),
+        flags: [...document.querySelectorAll('.memlab-doctor-results table')][0] ?
+            [...[...document.querySelectorAll('.memlab-doctor-results table')][0].querySelectorAll('tbody tr')]
+            .map(r => (r.querySelector('.memlab-doctor-flag') || {}).textContent || '') : [],
+        stopped: (document.querySelector('.memlab-doctor-stopped') || {}).textContent || '',
+        extra: [...document.querySelectorAll('.memlab-doctor-extra')].map(s => s.dataset.key)})""")
+    print(shown)
+    if f"GPU memory {GPU_GIB} GiB (yours)" not in shown["basis"]:
+        problems.append(f"the GPU's memory and its source: {shown['basis']!r}")
+    rule = doc["allocator_rule"]
+    if f"torch {rule['version']}" not in shown["basis"] or f"{rule['ties']} ties" not in shown["basis"]:
+        problems.append(f"the best-fit order followed: {shown['basis']!r}, the doctor says {rule}")
+    if len(shown["warnings"]) != len(doc["warnings"]) or not any("below what the recording reserved" in w for w in shown["warnings"]):
+        problems.append(f"warnings: {shown['warnings']}, the doctor says {doc['warnings']}")
+    for w, flag in zip(doc["what_if"], shown["flags"][1:]):
+        if not w["finished"] and f"stops at request {w['stopped_at_request']:,}" not in flag:
+            problems.append(f"{w['settings'] or 'defaults'} stops at request {w['stopped_at_request']}; its row says {flag!r}")
+    if not all(not w["finished"] for w in doc["what_if"]) or shown["stopped"].count("runs out of memory at request") != 2:
+        problems.append(f"what-ifs that stop part-way: {shown['stopped']!r}")
+    if shown["extra"]:
+        problems.append(f"fields shown raw: {shown['extra']}")
+    for scheme, width in COMBOS:
+        _show(tab, scheme, width)
+        problems += [f"{scheme} {width}: {p}" for p in _readable(page, width)]
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        page.locator(".memlab-doctor-results").screenshot(path=str(SCREENSHOTS / f"snapshot_check-stopped-{scheme}-{width}.png"))
+    # the GPU's memory not given: the doctor assumes the H200's, and the page asks for it in its words
+    _show(tab, "light", 1280)
+    page.fill("#memlab-doctor-total", "")
+    _set_what_ifs(page, ["expandable_segments:True"], [], suggest=False)
+    assert _drop(tab, RANGED)["error"] is None
+    basis = page.locator(".memlab-doctor-basis").inner_text()
+    notes = page.evaluate("() => [...document.querySelectorAll('.memlab-doctor-warnings li')].map(l => l.textContent)")
+    if "assumed: the lab H200's" not in basis:
+        problems.append(f"an assumed GPU memory: {basis!r}")
+    if not notes or any(re.search(r"--[a-z]", n) for n in notes) or not any("GPU's memory above" in n for n in notes):
+        problems.append(f"the note on an assumed GPU memory: {notes}")
+    _set_what_ifs(page, TICKED, [])
     assert _drop(tab, RANGED)["error"] is None   # the result again, for any test after this one
     assert not problems, "\n".join(problems)

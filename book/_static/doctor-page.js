@@ -13,6 +13,14 @@
  * shown is the one the site ships; setting names break only after ':', ',', '_' or '=';
  * the figure's axis and legend use one unit; without the network, the page says that it
  * needs it, instead of blaming the tab's memory.
+ *
+ * The first answer comes before the grid: the worker sends the replay and the what-ifs as soon
+ * as the doctor has them ("early"), then the report's text and the segments, then each setting
+ * of the grid as it finishes ("grid": a table that fills in), then the whole answer ("result",
+ * the command line's JSON byte for byte), which replaces the suggestion and the OOM
+ * explanation. Stop while the grid runs ends the worker and keeps what is shown (a worker busy
+ * in Python cannot be asked to stop half-way without cross-origin isolation, which a static
+ * host cannot promise).
  */
 (function () {
   "use strict";
@@ -122,6 +130,8 @@
                                  placeholder: "expandable_segments:True,max_split_size_mb:256" });
   const cap = el("input", { type: "number", id: "memlab-doctor-cap", min: "0", step: "any", inputmode: "decimal",
                             placeholder: "none" });
+  const total = el("input", { type: "number", id: "memlab-doctor-total", min: "0", step: "any", inputmode: "decimal",
+                              placeholder: "the snapshot's", "aria-describedby": "memlab-doctor-total-note" });
   const suggest = el("input", { type: "checkbox", id: "memlab-doctor-suggest", checked: true });
   const runButton = el("button", { type: "button", class: "memlab-doctor-run", disabled: true, text: "Run again" });
   const stopButton = el("button", { type: "button", class: "memlab-doctor-stop", hidden: true, text: "Stop" });
@@ -133,6 +143,12 @@
       el("label", { for: other.id, text: "Other settings, one per line (PYTORCH_CUDA_ALLOC_CONF syntax):" }), other]),
     el("div", { class: "memlab-doctor-field memlab-doctor-inline" }, [
       el("label", { for: cap.id, text: "Memory cap for the what-ifs, GiB (empty: the snapshot's own, if any):" }), cap]),
+    el("div", { class: "memlab-doctor-field memlab-doctor-inline" }, [
+      el("label", { for: total.id, text: "The GPU's memory, GiB (empty: the snapshot's if it records it, else the lab " +
+                                         "H200's 139.8):" }),
+      total,
+      el("p", { class: "memlab-doctor-note", id: "memlab-doctor-total-note" }, [document.createTextNode("On that GPU: "),
+        dotted("torch.cuda.get_device_properties(0).total_memory / 2**30")])]),
     cfg.options && cfg.options.suggest ? el("div", { class: "memlab-doctor-check" }, [suggest,
       el("label", { for: suggest.id, text: "Also rank a grid of settings and suggest one" })]) : null,
     el("div", { class: "memlab-doctor-buttons" }, [runButton, stopButton]),
@@ -156,6 +172,9 @@
   let started = 0;
   let stageText = "";
   let readyPending = true;
+  let phase = null;        // "early": the first answer is shown and the grid runs; "final"; null
+  let gridWhy = null;      // why a grid follows the first answer: "suggest", "oom" or null
+  let gridRows = [];       // the grid's settings as they finish (before the ranking)
 
   function newWorker() {
     const w = new Worker(staticBase + cfg.worker, { type: "module" });
@@ -203,6 +222,14 @@
     [/pass --cap( BYTES)?\b/g, "give the memory cap above (GiB)"],
     [/--cap must be a number of bytes >= 0, got \S+/g, "the memory cap must be 0 GiB or more"],
     [/if it is a real snapshot, raise (it|the limit) \(--max-bytes\)/g, "this page cannot raise that limit: " + CLI],
+    [/if the snapshot is real, raise it: --read-budget BYTES \(Limits\(budget_bytes=\.\.\.\) from Python\)/g,
+     "this page cannot raise that limit: " + CLI.replace("--max-bytes N", "--read-budget BYTES")],
+    [/if the snapshot is real, raise the limit: --max-events N \(Limits\(max_events=\.\.\.\) from Python\)/g,
+     "this page cannot raise that limit: " + CLI.replace("--max-bytes N", "--max-events N")],
+    [/ \(--max-events N\)/g, "; this page cannot raise that limit: " + CLI.replace("--max-bytes N", "--max-events N")],
+    [/give --total-memory BYTES \(torch\.cuda\.get_device_properties\(0\)\.total_memory\)/g,
+     "give the GPU's memory above (GiB)"],
+    [/--total-memory must be a whole number of bytes in \(0, \w+\), got \S+/g, "the GPU's memory must be more than 0 GiB"],
   ];
 
   function pageWords(line) {
@@ -227,6 +254,7 @@
     busy = on;
     status.hidden = !on;
     stopButton.hidden = !on;
+    if (!on) stopButton.textContent = "Stop";
     runButton.disabled = on || !file;
     root.classList.toggle("memlab-doctor-busy", on);
     clearInterval(timer);
@@ -250,6 +278,7 @@
       // Bytes, as the command line's --cap takes them.
       req.cap_bytes = Math.round(g * GiB);
     }
+    if (total.value.trim() !== "") req.total_memory = Math.round(Number(total.value) * GiB);
     if (cfg.options && cfg.options.suggest && suggest.checked) req.suggest = true;
     return req;
   }
@@ -264,6 +293,13 @@
       errorBox.hidden = false;
       return;
     }
+    const totalText = total.value.trim();
+    if (totalText !== "" && !(Number.isFinite(Number(totalText)) && Number(totalText) > 0 && Number(totalText) < 65536)) {
+      errorBox.textContent = "error: the GPU's memory must be a number of GiB above 0 and under 65,536 (or empty: the " +
+        "snapshot's, else the lab H200's), got " + JSON.stringify(total.value);
+      errorBox.hidden = false;
+      return;
+    }
     if (file.size > cfg.limitBytes) {
       errorBox.textContent = "error: " + file.name + " is " + megabytes(file.size) + "; this page takes snapshots up to " +
         megabytes(cfg.limitBytes) + ". Run the doctor on your machine instead: pip install cuda-memory-lab, then " +
@@ -272,6 +308,11 @@
       return;
     }
     started = performance.now();
+    // what a test or a reader's tool reads of the last run: nothing of the one before stays
+    for (const k of ["state", "firstResultSeconds", "resultSeconds", "doneSeconds", "gridRows"]) delete root.dataset[k];
+    phase = null;
+    gridWhy = null;
+    gridRows = [];
     setBusy(true);
     setStage(readyPending ? "loading Python (the first time " + downloadSize() + " from this site)" : "reading the file", null);
     results.hidden = true;
@@ -297,6 +338,23 @@
       const loaded = !readyPending;
       reachable().then((online) => fail(online ? "error: the page could not run the doctor: " + msg.message
                                                 : offlineLine(loaded)));
+    } else if (msg.type === "early") {
+      // the replay and the what-ifs: shown at once, the grid (if any) runs on
+      const answer = JSON.parse(msg.answer);
+      phase = "early";
+      gridWhy = answer.grid || null;
+      root.dataset.firstResultSeconds = seconds();
+      root.dataset.seconds = JSON.stringify(answer.seconds);
+      showResult(answer);
+      if (gridWhy) {
+        root.dataset.state = "grid";
+        stopButton.textContent = "Stop the ranking";
+      }
+    } else if (msg.type === "grid") {
+      const g = JSON.parse(msg.answer);
+      gridRows.push(g);
+      showGridSoFar(g.count);
+      root.dataset.gridRows = String(gridRows.length);
     } else if (msg.type === "result") {
       const answer = JSON.parse(msg.answer);
       if (!answer.ok) {
@@ -305,19 +363,27 @@
         if (answer.bug) setBusy(false);
         return;
       }
-      root.dataset.firstResultSeconds = ((performance.now() - started) / 1000).toFixed(2);
+      if (!root.dataset.firstResultSeconds) root.dataset.firstResultSeconds = seconds();
+      root.dataset.resultSeconds = seconds();
       root.dataset.seconds = JSON.stringify(answer.seconds);
-      showResult(answer);
-      setStage("writing the report and the segments at the peak", null);
+      if (phase === "early") completeResult(answer);
+      else showResult(answer);
+      phase = "final";
+      setStage("writing the report", null);
       worker.postMessage({ type: "details" });
     } else if (msg.type === "details") {
       const d = JSON.parse(msg.answer);
-      setBusy(false);
       if (!d.ok) return showBug(d.bug);
       showDetails(d);
-      root.dataset.doneSeconds = ((performance.now() - started) / 1000).toFixed(2);
+      if (phase === "early") return;   // the first answer's report and segments; the grid runs on
+      setBusy(false);
+      root.dataset.doneSeconds = seconds();
       root.dataset.state = "done";
     }
+  }
+
+  function seconds() {
+    return ((performance.now() - started) / 1000).toFixed(2);
   }
 
   function showBug(trace) {
@@ -383,15 +449,63 @@
                      text: "A range (X to Y) is where the snapshot cannot tell the runs apart. " + lines.join(" ") });
   }
 
-  function settingsTable(json) {
+  // A what-if in which a request the recording served runs out of memory: where it stops.
+  function stoppedFlag(r) {
+    if (r.finished !== false) return null;
+    return el("span", { class: "memlab-doctor-flag", text: r.stopped_at_request === null || r.stopped_at_request === undefined
+      ? "stops part-way" : "stops at request " + r.stopped_at_request.toLocaleString("en") });
+  }
+
+  function rowLabel(label, r) {
+    const flag = stoppedFlag(r);
+    return el("th", { scope: "row" }, flag ? [breakable(label), el("br"), flag] : [breakable(label)]);
+  }
+
+  const TOTAL_SOURCE = { given: "yours", snapshot: "the snapshot's", assumed: "assumed: the lab H200's" };
+
+  // What the answer rests on: the GPU's memory and where it comes from, the best-fit order
+  // between equal free blocks the replay followed.
+  function basisNote(json) {
+    const parts = [];
+    if (json.device_total_bytes) {
+      parts.push("GPU memory " + formatBytes(json.device_total_bytes) + " (" +
+                 (TOTAL_SOURCE[json.device_total_source] || json.device_total_source || "?") + ")");
+    }
+    const rule = json.allocator_rule;
+    if (rule && rule.version) {
+      parts.push("equal free blocks chosen in torch " + rule.version + (rule.version === "2.13" ? "+" : "") +
+                 "'s best-fit order (" + (rule.note || "") + (rule.ties !== undefined ? "; " + rule.ties.toLocaleString("en") +
+                 " tie" + (rule.ties === 1 ? "" : "s") + " decided" : "") +
+                 (rule.tried && rule.tried.length > 1 ? "; also tried " + rule.tried.filter((v) => v !== rule.version).join(", ") : "") +
+                 ")");
+    }
+    return parts.length ? el("p", { class: "memlab-doctor-note memlab-doctor-basis", text: parts.join("; ") + "." }) : null;
+  }
+
+  function warningList(json) {
+    const w = (json.warnings || []).filter((x) => typeof x === "string" && x);
+    if (!w.length) return null;
+    return el("ul", { class: "memlab-doctor-warnings", "aria-label": "Notes on this answer" },
+              w.map((x) => el("li", { text: "Note: " + pageWords(x) })));
+  }
+
+  function stoppedNote(answer) {
+    const lines = answer.stopped || [];
+    if (!lines.length) return null;
+    return el("ul", { class: "memlab-doctor-note memlab-doctor-stopped", "aria-label": "What-ifs that stop part-way" },
+              lines.map((x) => el("li", { text: pageWords(x) + "." })));
+  }
+
+  function settingsTable(json, answer) {
     const runs = runsOf(json);
     // the lowest peak at the worst end of its range, as --suggest ranks them
-    const worst = (r) => (range(r, "peak_reserved_bytes") || [0, r.peak_reserved_bytes])[1];
+    // (a what-if that stops part-way is not one to pick: the doctor does not suggest it)
+    const worst = (r) => r.finished === false ? Infinity : (range(r, "peak_reserved_bytes") || [0, r.peak_reserved_bytes])[1];
     const best = Math.min(...runs.map(worst));
     const head = el("tr", {}, ["setting", "peak reserved", "peak allocated", "final reserved", "OOMs"].map(
       (h, i) => el("th", { scope: "col", class: i ? "memlab-num" : "", text: h })));
     const rows = runs.map((r) => el("tr", { class: worst(r) === best && runs.length > 1 ? "memlab-doctor-best" : "" }, [
-      el("th", { scope: "row" }, [breakable(r.label)]),
+      rowLabel(r.label, r),
       numCell(between(r, "peak_reserved_bytes"), range(r, "peak_reserved_bytes")),
       numCell(formatBytes(r.peak_allocated_bytes)),
       numCell(between(r, "final_reserved_bytes"), range(r, "final_reserved_bytes")),
@@ -403,9 +517,22 @@
           ({ given: " (yours)", fraction: " (your fraction of the device)", snapshot: " (the snapshot's)",
              inferred: " (inferred from the out-of-memory entry)" }[json.cap_source] || "") : "") +
         ". " + replayVerdict(json.replay) }),
+      basisNote(json) || "",
+      warningList(json) || "",
       el("div", { class: "memlab-scroll" }, [el("table", { class: "memlab-doctor-table" }, [
         el("thead", {}, [head]), el("tbody", {}, rows)])]),
-      uncertainNote(json.what_if || [], (x) => x.settings || "defaults") || ""]);
+      uncertainNote(json.what_if || [], (x) => x.settings || "defaults") || "",
+      (answer && stoppedNote(answer)) || ""]);
+  }
+
+  // Python code that may break after a '.' on a phone, never inside a name.
+  function dotted(text) {
+    const code = el("code");
+    text.split(/(?<=\.)/).forEach((part, i) => {
+      if (i) code.append(el("wbr"));
+      code.append(document.createTextNode(part));
+    });
+    return code;
   }
 
   function breakable(label, cls) {
@@ -552,7 +679,7 @@
       el("thead", {}, [el("tr", {}, ["setting", "peak reserved", "final reserved", "OOMs", "peak vs yours"].map(
         (h, i) => el("th", { scope: "col", class: i ? "memlab-num" : "", text: h })))]),
       el("tbody", {}, rows.map((r) => el("tr", { class: s.best && r.settings === s.best.settings ? "memlab-doctor-best" : "" }, [
-        el("th", { scope: "row" }, [breakable((r.settings || "defaults") + (r.settings === rec ? " (yours)" : ""))]),
+        rowLabel((r.settings || "defaults") + (r.settings === rec ? " (yours)" : ""), r),
         numCell(between(r, "peak_reserved_bytes"), range(r, "peak_reserved_bytes")),
         numCell(between(r, "final_reserved_bytes"), range(r, "final_reserved_bytes")),
         numCell(between(r, "oom_events"), range(r, "oom_events")),
@@ -570,8 +697,8 @@
 
   function extraSections(json) {
     // Sections a later --json may add: each shown as given, a list of records as a table, text as text.
-    const known = new Set(["format", "trace_events", "settings", "device_total_bytes", "cap_bytes", "cap_source",
-                           "replay", "what_if", "oom", "suggestion"]);
+    const known = new Set(["format", "trace_events", "settings", "device_total_bytes", "device_total_source", "cap_bytes",
+                           "cap_source", "allocator_rule", "warnings", "replay", "what_if", "oom", "suggestion"]);
     const out = [];
     for (const [key, value] of Object.entries(json)) {
       if (known.has(key) || value === null || value === undefined) continue;
@@ -610,35 +737,139 @@
 
   function showResult(answer) {
     const json = answer.json;
-    const blob = new Blob([answer.json_text], { type: "application/json" });
-    const download = el("a", { href: URL.createObjectURL(blob), download: file.name.replace(/\.[^.]*$/, "") + ".doctor.json",
-                                class: "memlab-doctor-download", text: "Download the result (the command line's --json)" });
-    const cmd = ["python", "-m", "experiments"].concat(answer.argv).map(shellQuote).join(" ");
     lastFigure = answer.figure;
     lastDetails = null;
-    const secs = answer.seconds;
+    const pending = answer.early && answer.grid;
     results.replaceChildren(
-      oomSection(answer) || "",
-      suggestionSection(json) || "",
+      oomSection(answer) || (pending === "oom" ? gridSection("oom") : ""),
+      suggestionSection(json) || (pending === "suggest" ? gridSection("suggest") : ""),
       el("h3", { text: "The settings side by side" }),
-      settingsTable(json),
+      settingsTable(json, answer),
       el("figure", { class: "memlab-doctor-figure" }, [
         el("div", { class: "memlab-doctor-plot" }),
         legend(answer.figure, json),
         el("figcaption", { text: "Reserved (solid) and allocated (dashed) memory after each request, for every setting; " +
                                   "ticks on the axis mark requests that ran out of memory." })]),
-      ...extraSections(json),
-      el("p", {}, [download]),
-      el("p", { class: "memlab-doctor-note" }, [document.createTextNode("The same as "), el("code", { text: cmd }),
-        document.createTextNode(" on your machine. Here: replay " + (secs.replay || 0).toFixed(2) + " s" +
-          (secs.what_if.length ? ", what-ifs " + secs.what_if.map((t) => t.toFixed(2) + " s").join(", ") : "") +
-          (secs.grid && secs.grid.length ? ", the suggestion's " + secs.grid.length + " settings " +
-            secs.grid.reduce((a, b) => a + b, 0).toFixed(1) + " s" : "") + ".")]),
+      el("div", { "data-key": "extras" }, extraSections(json)),
+      downloadPart(answer),
       el("div", { class: "memlab-doctor-details" }, [el("p", { class: "memlab-doctor-note", text: "The report and the segments at the peak follow\u2026" })]),
     );
     results.hidden = false;
     results.dataset.json = answer.json_text;
     drawPlots();
+  }
+
+  // The download of the --json object and the command that prints it, with the times here.
+  function downloadPart(answer) {
+    const blob = new Blob([answer.json_text], { type: "application/json" });
+    const early = answer.early && answer.grid;
+    const download = el("a", { href: URL.createObjectURL(blob), download: file.name.replace(/\.[^.]*$/, "") + ".doctor.json",
+                                class: "memlab-doctor-download",
+                                text: early ? "Download the result so far (the command line's --json without the " +
+                                              (answer.grid === "oom" ? "explanation of the out-of-memory error" : "suggestion") + ")"
+                                            : "Download the result (the command line's --json)" });
+    const cmd = ["python", "-m", "experiments"].concat(answer.argv).map(shellQuote).join(" ");
+    const secs = answer.seconds;
+    return el("div", { "data-key": "download" }, [
+      el("p", {}, [download]),
+      el("p", { class: "memlab-doctor-note" }, [document.createTextNode(
+        early && answer.grid === "oom" ? "The command " : "The same as "), el("code", { text: cmd }),
+        document.createTextNode((early && answer.grid === "oom" ? " on your machine gives this and explains the error. "
+                                                                : " on your machine. ") +
+          "Here: replay " + (secs.replay || 0).toFixed(2) + " s" +
+          (secs.what_if.length ? ", what-ifs " + secs.what_if.map((t) => t.toFixed(2) + " s").join(", ") : "") +
+          (secs.grid && secs.grid.length ? ", the grid's " + secs.grid.length + " settings " +
+            secs.grid.reduce((a, b) => a + b, 0).toFixed(1) + " s" : "") + ".")])]);
+  }
+
+  // The whole answer after the first: the OOM explanation and the suggestion take the grid's
+  // place, the download becomes the command line's full answer; the rest is unchanged.
+  function completeResult(answer) {
+    const json = answer.json;
+    const swap = (key, node) => {
+      const old = results.querySelector(':scope > [data-key="' + key + '"]');
+      if (old && node) old.replaceWith(node);
+      else if (old) old.remove();
+      return !!old;
+    };
+    const oom = oomSection(answer);
+    if (!swap("oom", oom) && oom) results.prepend(oom);
+    const sug = suggestionSection(json);
+    if (!swap("suggestion", sug) && sug) results.querySelector(':scope > h3').before(sug);
+    swap("extras", el("div", { "data-key": "extras" }, extraSections(json)));
+    swap("download", downloadPart(answer));
+    results.dataset.json = answer.json_text;
+    drawPlots();
+  }
+
+  const GRID_COLUMNS = ["setting", "peak reserved", "final reserved", "OOMs", "peak vs yours"];
+
+  function gridCells(r, label) {
+    return [
+      rowLabel(label, r),
+      numCell(between(r, "peak_reserved_bytes"), range(r, "peak_reserved_bytes")),
+      numCell(between(r, "final_reserved_bytes"), range(r, "final_reserved_bytes")),
+      numCell(between(r, "oom_events"), range(r, "oom_events")),
+      numCell(r.saved_bytes === undefined ? "" : savedText(r),
+              r.exact === false && r.saved_range_bytes && r.saved_range_bytes[0] !== r.saved_range_bytes[1])];
+  }
+
+  // While the grid runs: what it is for, its settings as they finish, and a way to stop it.
+  function gridSection(why) {
+    const stop = el("button", { type: "button", class: "memlab-doctor-stop-grid", text: "Stop the ranking" });
+    stop.addEventListener("click", stopRun);
+    return el("section", { class: "memlab-doctor-gridrun " + (why === "oom" ? "memlab-doctor-oom" : "memlab-doctor-suggestion"),
+                           "data-key": why === "oom" ? "oom" : "suggestion", "aria-busy": "true" }, [
+      el("h3", { text: why === "oom" ? "Why the run ran out of memory" : "Suggested setting" }),
+      el("p", { class: "memlab-doctor-grid-status", text: why === "oom"
+        ? "The run ran out of memory. To say which settings would have fitted, the doctor replays a grid of " +
+          "settings; the figures below are complete, the explanation follows."
+        : "Ranking a grid of settings; the figures below are complete, the suggestion follows once every setting " +
+          "has been replayed." }),
+      el("p", {}, [stop]),
+      el("div", { class: "memlab-scroll", hidden: true }, [el("table", { class: "memlab-doctor-table" }, [
+        el("thead", {}, [el("tr", {}, GRID_COLUMNS.map((h, i) => el("th", { scope: "col", class: i ? "memlab-num" : "", text: h })))]),
+        el("tbody")])])]);
+  }
+
+  function showGridSoFar(count) {
+    const box = results.querySelector(".memlab-doctor-gridrun");
+    if (!box) return;
+    const last = gridRows[gridRows.length - 1];
+    const body = box.querySelector("tbody");
+    body.append(el("tr", {}, gridCells(last.row, last.settings || "defaults")));
+    body.closest(".memlab-scroll").hidden = false;
+    box.querySelector(".memlab-doctor-grid-status").textContent = gridRows.length + " of " + count +
+      " settings replayed" + (gridRows.length < count ? "" : " (more may follow: combinations of the best)") +
+      ", in the order run; " + (gridWhy === "oom" ? "the explanation follows." : "ranked once all are done.");
+  }
+
+  // Stop: the worker ends (Python starts again at the next run); a first answer already shown stays.
+  function stopRun() {
+    if (worker) worker.terminate();
+    worker = null;
+    const kept = phase === "early";
+    setBusy(false);
+    const box = results.querySelector(".memlab-doctor-gridrun");
+    if (kept && box) {
+      box.removeAttribute("aria-busy");
+      const b = box.querySelector(".memlab-doctor-stop-grid");
+      if (b) b.parentElement.remove();
+      box.querySelector(".memlab-doctor-grid-status").textContent = "Stopped after " + gridRows.length +
+        " setting" + (gridRows.length === 1 ? "" : "s") + " of the grid" +
+        (gridRows.length ? " (below, in the order run, not ranked)" : "") + ": " +
+        (gridWhy === "oom" ? "the explanation needs the whole grid. " : "the suggestion needs the whole grid. ") +
+        "The figures below are complete. Run again for the rest; Python starts again first.";
+      if (!lastDetails) {
+        results.querySelector(".memlab-doctor-details").replaceChildren(el("p", { class: "memlab-doctor-note",
+          text: "Stopped before the report and the segments at the peak were written." }));
+      }
+      root.dataset.state = "stopped";
+    } else {
+      errorBox.textContent = "Stopped. Python is loaded again at the next run.";
+      errorBox.hidden = false;
+    }
+    phase = null;
   }
 
   function showDetails(d) {
@@ -710,11 +941,5 @@
     choose(e.dataTransfer.files[0]);
   });
   runButton.addEventListener("click", run);
-  stopButton.addEventListener("click", () => {
-    if (worker) worker.terminate();
-    worker = null;
-    setBusy(false);
-    errorBox.textContent = "Stopped. Python is loaded again at the next run.";
-    errorBox.hidden = false;
-  });
+  stopButton.addEventListener("click", stopRun);
 })();
