@@ -131,9 +131,14 @@ def figure_data(report: Any, points: int = POINTS) -> dict[str, Any]:
         ``points`` values per line, each the largest of its bucket of requests; bytes are whole
         numbers, x are request indices.
     """
+    # the run itself when the doctor kept its series (series=True)
+    return _figure([report.series(shown) for shown in [report.replay] + list(report.what_ifs)], points)
+
+
+def _figure(shown: Sequence[Any], points: int = POINTS) -> dict[str, Any]:
+    """:func:`figure_data` of Runs that kept their series, the recorded run first."""
     runs = []
-    for k, shown in enumerate([report.replay] + list(report.what_ifs)):
-        run = report.series(shown)   # the run itself when the doctor kept its series (series=True)
+    for k, run in enumerate(shown):
         xs, res = _envelope(run.reserved, points)
         _, alloc = _envelope(run.allocated, points)
         runs.append({"label": ("recorded: " if k == 0 else "") + (run.settings or "defaults"), "recorded": k == 0,
@@ -173,6 +178,7 @@ def run(path: str, what_if: Sequence[str] = (), *, cap_bytes: int | None = None,
 
     ``partial(kind, json_text)`` is given what is ready before the end, in this order:
 
+    * ``"replay"`` once the recorded run is replayed, when what-ifs follow: :func:`replay_answer`;
     * ``"early"`` once the replay and the what-ifs are done: :func:`early_answer`;
     * ``"details"`` right after: :func:`details` of that report (``ok`` added);
     * ``"grid"`` for each setting of the grid as it finishes: ``{"index", "count" (the settings
@@ -209,8 +215,12 @@ def run(path: str, what_if: Sequence[str] = (), *, cap_bytes: int | None = None,
         # The doctor's steps (experiments.doctor.answers.progress): say the one that starts,
         # time the ones that end. The series it keeps for the figure change no figure of the JSON.
         if s.done and partial is not None:
-            if s.stage == "replay":
+            if s.stage == "read":
+                base["trace"] = s.result
+            elif s.stage == "replay":
                 base["run"] = s.result
+                if args.what_if and "trace" in base:
+                    partial("replay", json.dumps(replay_answer(base["trace"], s.result, args.what_if, s.seconds)))
             elif s.stage == "report":
                 partial("early", json.dumps(early_answer(s.result, args_list, timings, grid=_grid_follows(args, s.result))))
                 say("the report and the segments at the peak")
@@ -258,6 +268,22 @@ def _grid_follows(args: argparse.Namespace, report: Any) -> str | None:
     if args.suggest:
         return "suggest"
     return "oom" if first_oom(report.trace) is not None else None
+
+
+def replay_answer(trace: Any, run: Any, what_if: Sequence[str], seconds: float) -> dict[str, Any]:
+    """The page's very first answer on a long trace: the recorded run replayed, before the
+    what-ifs (the doctor's ``replay`` step).
+
+    Returns:
+        ``{"ok": True, "replay_only": True, "pending": the what-ifs still to run,
+        "json": {"trace_events", "settings", "replay", "what_if": []} (the fields of the
+        ``--json`` object known so far, as it writes them), "figure": the recorded run's line,
+        "seconds": {"replay", "what_if": []}}``.
+    """
+    return {"ok": True, "replay_only": True, "pending": list(what_if),
+            "json": {"trace_events": len(trace.events), "settings": trace.settings, "replay": run.summary(),
+                     "what_if": []},
+            "figure": _figure([run]), "seconds": {"replay": seconds, "what_if": []}}
 
 
 def early_answer(report: Any, args_list: Sequence[str], timings: dict[str, Any], grid: str | None) -> dict[str, Any]:

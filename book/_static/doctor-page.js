@@ -131,7 +131,7 @@
   const cap = el("input", { type: "number", id: "memlab-doctor-cap", min: "0", step: "any", inputmode: "decimal",
                             placeholder: "none" });
   const total = el("input", { type: "number", id: "memlab-doctor-total", min: "0", step: "any", inputmode: "decimal",
-                              placeholder: "the snapshot's", "aria-describedby": "memlab-doctor-total-note" });
+                              placeholder: "auto", "aria-describedby": "memlab-doctor-total-note" });
   const suggest = el("input", { type: "checkbox", id: "memlab-doctor-suggest", checked: true });
   const runButton = el("button", { type: "button", class: "memlab-doctor-run", disabled: true, text: "Run again" });
   const stopButton = el("button", { type: "button", class: "memlab-doctor-stop", hidden: true, text: "Stop" });
@@ -309,7 +309,9 @@
     }
     started = performance.now();
     // what a test or a reader's tool reads of the last run: nothing of the one before stays
-    for (const k of ["state", "firstResultSeconds", "resultSeconds", "doneSeconds", "gridRows"]) delete root.dataset[k];
+    for (const k of ["state", "replaySeconds", "firstResultSeconds", "resultSeconds", "doneSeconds", "gridRows"]) {
+      delete root.dataset[k];
+    }
     phase = null;
     gridWhy = null;
     gridRows = [];
@@ -338,6 +340,11 @@
       const loaded = !readyPending;
       reachable().then((online) => fail(online ? "error: the page could not run the doctor: " + msg.message
                                                 : offlineLine(loaded)));
+    } else if (msg.type === "replay") {
+      // the recorded run replayed: its row and its line at once, the what-ifs follow
+      root.dataset.replaySeconds = seconds();
+      showReplay(JSON.parse(msg.answer));
+      root.dataset.state = "replay";
     } else if (msg.type === "early") {
       // the replay and the what-ifs: shown at once, the grid (if any) runs on
       const answer = JSON.parse(msg.answer);
@@ -520,7 +527,9 @@
       basisNote(json) || "",
       warningList(json) || "",
       el("div", { class: "memlab-scroll" }, [el("table", { class: "memlab-doctor-table" }, [
-        el("thead", {}, [head]), el("tbody", {}, rows)])]),
+        el("thead", {}, [head]), el("tbody", {}, rows.concat(((answer && answer.pending) || []).map((p) =>
+          el("tr", { class: "memlab-doctor-pending" }, [rowLabel(p || "defaults", {}),
+            el("td", { colspan: "4", class: "memlab-doctor-note", text: "replaying\u2026" })]))))])]),
       uncertainNote(json.what_if || [], (x) => x.settings || "defaults") || "",
       (answer && stoppedNote(answer)) || ""]);
   }
@@ -756,6 +765,22 @@
     );
     results.hidden = false;
     results.dataset.json = answer.json_text;
+    drawPlots();
+  }
+
+  // The recorded run replayed, before the what-ifs (a long trace): its row, its line.
+  function showReplay(answer) {
+    lastFigure = answer.figure;
+    lastDetails = null;
+    results.replaceChildren(
+      el("h3", { text: "The settings side by side" }),
+      settingsTable(answer.json, answer),
+      el("figure", { class: "memlab-doctor-figure" }, [
+        el("div", { class: "memlab-doctor-plot" }),
+        legend(answer.figure, answer.json),
+        el("figcaption", { text: "Reserved (solid) and allocated (dashed) memory after each request, as recorded; " +
+                                  "the what-ifs are added as they finish." })]));
+    results.hidden = false;
     drawPlots();
   }
 

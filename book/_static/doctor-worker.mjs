@@ -6,6 +6,8 @@
 //        {type: "details"}                        the report's text and the peak's segments
 //   out: {type: "stage", text, step, steps}       progress while loading and running
 //        {type: "ready", seconds, marks}          Python and the doctor are loaded (ms per step)
+//        {type: "replay", answer}                 the recorded run replayed, before the what-ifs
+//                                                 (doctor_worker.replay_answer)
 //        {type: "early", answer}                  the replay and the what-ifs, before the grid
 //                                                 (doctor_worker.early_answer)
 //        {type: "details", answer}                after "early" too, before the grid
