@@ -388,9 +388,10 @@ def test_the_first_answer_on_a_451k_event_trace_comes_before_the_grid_which_can_
         # The first answer is the doctor's own work (read, replay, what-if) and little else: no
         # grid. Its time on a machine others share is measured; the target holds on one not shared.
         secs = json.loads(first["seconds"])
-        page_s = float(first["firstResultSeconds"]) - secs["replay"] - sum(secs["what_if"])
-        assert page_s <= 3.0, f"{page_s:.1f} s of the first answer's {first['firstResultSeconds']} s are neither " \
-                              "the replay nor the what-if (reading the file takes about 1.5 s)"
+        doctor_s = secs["read"] + secs["replay"] + sum(secs["what_if"])
+        page_s = float(first["firstResultSeconds"]) - doctor_s
+        assert page_s <= 1.0 + 0.1 * doctor_s, f"{page_s:.1f} s of the first answer's {first['firstResultSeconds']} s " \
+                                               f"are not the doctor's reading, replay and what-if ({secs})"
         _unless_overloaded(f"first answer {first['firstResultSeconds']} s")
         if os.getloadavg()[0] <= 1.0:
             assert float(first["firstResultSeconds"]) <= FIRST_ANSWER_S, first

@@ -192,7 +192,7 @@ def run(path: str, what_if: Sequence[str] = (), *, cap_bytes: int | None = None,
         ``{"ok": True, "argv", "json_text" (the command's stdout), "json" (parsed), "figure",
         "oom_text" (the report's OOM explanation or None), "stopped" (the report's lines on what-ifs
         that run out of memory where the recording did not: Report.stopped_lines),
-        "seconds": {"total", "replay", "what_if": [...], "grid": [...]}}``, and the report as
+        "seconds": {"total", "read", "replay", "what_if": [...], "grid": [...]}}``, and the report as
         ``report`` (a Python object, for :func:`details`); or ``{"ok": False, "argv", "error": the
         command's one line}`` for bad input or settings (its exit status 2) and when the tab runs
         out of memory; or ``{"ok": False, "argv", "bug": the command's line and the traceback}``
@@ -208,7 +208,7 @@ def run(path: str, what_if: Sequence[str] = (), *, cap_bytes: int | None = None,
         args = _parser().parse_args(args_list)
     except UsageError as e:
         return {"ok": False, "error": str(e), "argv": args_list}
-    timings: dict[str, Any] = {"replay": 0.0, "what_if": [], "grid": []}
+    timings: dict[str, Any] = {"read": 0.0, "replay": 0.0, "what_if": [], "grid": []}
     base: dict[str, Any] = {}
 
     def step(s: Any) -> None:
@@ -220,7 +220,8 @@ def run(path: str, what_if: Sequence[str] = (), *, cap_bytes: int | None = None,
             elif s.stage == "replay":
                 base["run"] = s.result
                 if args.what_if and "trace" in base:
-                    partial("replay", json.dumps(replay_answer(base["trace"], s.result, args.what_if, s.seconds)))
+                    partial("replay", json.dumps(replay_answer(base["trace"], s.result, args.what_if, s.seconds,
+                                                              timings["read"])))
             elif s.stage == "report":
                 partial("early", json.dumps(early_answer(s.result, args_list, timings, grid=_grid_follows(args, s.result))))
                 say("the report and the segments at the peak")
@@ -237,8 +238,8 @@ def run(path: str, what_if: Sequence[str] = (), *, cap_bytes: int | None = None,
                 say(f"what-if {s.index + 1} of {s.count}: {s.settings or 'defaults'}")
             elif s.stage == "grid":
                 say(f"the grid: setting {s.index + 1} of {s.count}, {s.settings or 'defaults'}")
-        elif s.stage == "replay":
-            timings["replay"] = s.seconds
+        elif s.stage in ("read", "replay"):
+            timings[s.stage] = s.seconds
         elif s.stage in ("what_if", "grid"):
             timings[s.stage].append(s.seconds)
         elif s.stage == "done":
@@ -270,7 +271,7 @@ def _grid_follows(args: argparse.Namespace, report: Any) -> str | None:
     return "oom" if first_oom(report.trace) is not None else None
 
 
-def replay_answer(trace: Any, run: Any, what_if: Sequence[str], seconds: float) -> dict[str, Any]:
+def replay_answer(trace: Any, run: Any, what_if: Sequence[str], seconds: float, read_seconds: float = 0.0) -> dict[str, Any]:
     """The page's very first answer on a long trace: the recorded run replayed, before the
     what-ifs (the doctor's ``replay`` step).
 
@@ -278,12 +279,12 @@ def replay_answer(trace: Any, run: Any, what_if: Sequence[str], seconds: float) 
         ``{"ok": True, "replay_only": True, "pending": the what-ifs still to run,
         "json": {"trace_events", "settings", "replay", "what_if": []} (the fields of the
         ``--json`` object known so far, as it writes them), "figure": the recorded run's line,
-        "seconds": {"replay", "what_if": []}}``.
+        "seconds": {"read", "replay", "what_if": []}}``.
     """
     return {"ok": True, "replay_only": True, "pending": list(what_if),
             "json": {"trace_events": len(trace.events), "settings": trace.settings, "replay": run.summary(),
                      "what_if": []},
-            "figure": _figure([run]), "seconds": {"replay": seconds, "what_if": []}}
+            "figure": _figure([run]), "seconds": {"read": read_seconds, "replay": seconds, "what_if": []}}
 
 
 def early_answer(report: Any, args_list: Sequence[str], timings: dict[str, Any], grid: str | None) -> dict[str, Any]:
@@ -292,7 +293,7 @@ def early_answer(report: Any, args_list: Sequence[str], timings: dict[str, Any],
 
     Returns:
         ``{"ok": True, "early": True, "argv", "json_text", "json", "figure", "oom_text": None, "stopped",
-        "seconds": {"replay", "what_if": [...]}, "grid": why a grid follows or None}``:
+        "seconds": {"read", "replay", "what_if": [...]}, "grid": why a grid follows or None}``:
         ``json_text`` is the report's ``--json`` object so far, the command line's answer
         without ``--suggest`` (byte for byte when the trace has no out-of-memory error);
         ``argv`` the command that gives it.
@@ -300,7 +301,8 @@ def early_answer(report: Any, args_list: Sequence[str], timings: dict[str, Any],
     text = json.dumps(report.to_json()) + "\n"
     return {"ok": True, "early": True, "argv": [a for a in args_list if a != "--suggest"], "json_text": text,
             "json": json.loads(text), "figure": figure_data(report), "oom_text": None, "stopped": report.stopped_lines(),
-            "seconds": {"replay": timings["replay"], "what_if": list(timings["what_if"]), "grid": []}, "grid": grid}
+            "seconds": {"read": timings["read"], "replay": timings["replay"], "what_if": list(timings["what_if"]),
+                        "grid": []}, "grid": grid}
 
 
 def grid_row(run: Any, base: Any) -> dict[str, Any]:

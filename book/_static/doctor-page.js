@@ -801,7 +801,7 @@
         early && answer.grid === "oom" ? "The command " : "The same as "), el("code", { text: cmd }),
         document.createTextNode((early && answer.grid === "oom" ? " on your machine gives this and explains the error. "
                                                                 : " on your machine. ") +
-          "Here: replay " + (secs.replay || 0).toFixed(2) + " s" +
+          "Here: " + (secs.read ? "reading " + secs.read.toFixed(2) + " s, " : "") + "replay " + (secs.replay || 0).toFixed(2) + " s" +
           (secs.what_if.length ? ", what-ifs " + secs.what_if.map((t) => t.toFixed(2) + " s").join(", ") : "") +
           (secs.grid && secs.grid.length ? ", the grid's " + secs.grid.length + " settings " +
             secs.grid.reduce((a, b) => a + b, 0).toFixed(1) + " s" : "") + ".")])]);
