@@ -507,10 +507,17 @@ def test_figures_are_readable_on_a_dark_page(visit, width, tmp_path):
     for page in ("ch1_caching_allocator", "ch4_hidden_syncs"):
         v = visit(f"book/{page}.html", viewport, touch, "dark")
         v.page.evaluate(MEASURE_JS)
+        # every image loaded first: a lazy one loading above the one shot moved it out of the
+        # shot's clip (a dark strip of page measured as the figure, under load 10)
+        v.page.evaluate("""() => Promise.all([...document.querySelectorAll('article img')].map(i => i.complete ? null :
+            new Promise(r => { i.onload = i.onerror = r; i.loading = 'eager'; })))""")
         for k, img in enumerate([i for i in v.page.locator("article .cell_output img").all() if i.is_visible()][:6]):
             img.scroll_into_view_if_needed()
+            v.page.wait_for_timeout(300)
             shot = tmp_path / f"{page}-{k}.png"
-            img.screenshot(path=str(shot))
+            # the viewport clipped to the image where it is now: an element screenshot scrolled
+            # the page again and, under load, caught the page beside the figure
+            v.page.screenshot(path=str(shot), clip=img.bounding_box())
             im = Image.open(shot).convert("RGB")
             colors = sorted(im.getcolors(im.width * im.height), reverse=True)
             background = colors[0][1]
