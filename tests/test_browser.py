@@ -24,10 +24,12 @@ DESKTOP = {"width": 1280, "height": 900}
 class Visit:
     """One page load: failed requests, bad responses and console errors, only 127.0.0.1 reachable."""
 
-    def __init__(self, browser, origin: str, path: str, viewport: dict, touch: bool = False):
+    def __init__(self, browser, origin: str, path: str, viewport: dict, touch: bool = False, scheme: str = "light",
+                 sizes: bool = False):
         self.context = browser.new_context(viewport=viewport, has_touch=touch, is_mobile=touch,
-                                           device_scale_factor=1)
+                                           device_scale_factor=1, color_scheme=scheme)
         self.problems: list[str] = []
+        self.sizes: dict[str, int] = {}  # with sizes=True: body bytes of each response (url: bytes)
         host = urllib.parse.urlsplit(origin).netloc
 
         def route(r):
@@ -43,6 +45,8 @@ class Visit:
         self.page.on("response", lambda r: r.status >= 400 and self.problems.append(f"HTTP {r.status}: {r.url}"))
         self.page.on("console", lambda m: m.type == "error" and self.problems.append(f"console: {m.text}"))
         self.page.on("pageerror", lambda e: self.problems.append(f"page error: {e}"))
+        if sizes:
+            self.page.on("requestfinished", lambda r: self.sizes.__setitem__(r.url, r.sizes()["responseBodySize"]))
         self.page.goto(f"{origin}/{path}", wait_until="load")
         self.page.wait_for_timeout(300)
 
@@ -54,8 +58,8 @@ class Visit:
 def visit(browser, site):
     opened = []
 
-    def open_page(path, viewport=DESKTOP, touch=False):
-        v = Visit(browser, site["origin"], path, viewport, touch)
+    def open_page(path, viewport=DESKTOP, touch=False, scheme="light", sizes=False):
+        v = Visit(browser, site["origin"], path, viewport, touch, scheme, sizes)
         opened.append(v)
         return v
 

@@ -215,9 +215,18 @@ WALK_JS = """async (explorer) => {
 }"""
 
 
+def _open_solutions(v) -> None:
+    """Every solution opened with a click, as a reader opens it: explorer views that answer an
+    exercise show their figures only after that (issue 26; test_browser_readers.py checks before)."""
+    v.page.evaluate("() => document.querySelectorAll('.solution .toggle-button[aria-expanded=false]')"
+                    ".forEach(b => b.click())")
+    v.page.wait_for_timeout(100)
+
+
 @pytest.mark.parametrize("page", [p for p in PAGES if panel_count(p)])
 def test_every_reachable_explorer_combination_shows_its_recorded_figure(visit, page):
     v = visit(f"book/{page}.html")
+    _open_solutions(v)
     explorers = v.page.locator(".memlab-explorer")
     assert explorers.count() == panel_count(page), "every ex.panel on the page must be an explorer without a kernel"
     total = 0
@@ -253,6 +262,7 @@ def test_each_explorer_control_operated_for_real_shows_its_figure(visit, page):
     """The keyboard on sliders, select_option on menus, clicks on radio buttons: each option of
     each control shows the figure its controls name, loaded, and different options different figures."""
     v = visit(f"book/{page}.html")
+    _open_solutions(v)
     explorers = v.page.locator(".memlab-explorer")
     for i in range(explorers.count()):
         ex = explorers.nth(i)

@@ -269,6 +269,13 @@ def _asset_name(asset) -> str:
     return str(getattr(asset, "filename", asset) or "").split("?")[0]
 
 
+def download_bytes(app) -> int:
+    """Bytes the page's worker fetches at the first file, as the site stores them: what a host
+    that compresses nothing sends, the most any host sends, and the figure the page states."""
+    files = [pyodide_dir() / f for f in PYODIDE_FILES] + [app.memlab_doctor_snapshot]
+    return sum(f.stat().st_size for f in files) + len(app.memlab_doctor_zip[1])
+
+
 def _page_context(app, pagename, templatename, context, doctree):
     if pagename != PAGE or not hasattr(app, "memlab_doctor_zip"):
         return
@@ -280,7 +287,7 @@ def _page_context(app, pagename, templatename, context, doctree):
     config = {"pyodide": f"pyodide-{pyodide_version()}/", "zip": f"doctor/{app.memlab_doctor_zip[0]}",
               "snapshot": f"doctor/{app.memlab_doctor_snapshot.name}",
               "worker": "doctor-worker.mjs", "limitBytes": LIMIT_MB * 1000 * 1000, "pyodideVersion": pyodide_version(),
-              "options": app.memlab_doctor_options}
+              "options": app.memlab_doctor_options, "downloadBytes": download_bytes(app)}
     # Called in html-page-context, add_js_file/add_css_file add to this page only.
     app.add_js_file(None, body="window.memlabDoctor = " + json.dumps(config) + ";")
     app.add_js_file("doctor-page.js", defer="defer")

@@ -10,6 +10,11 @@ replay, each what-if and each setting of the grid. Beside the JSON it returns wh
 draws: the report's text, reserved and allocated bytes over the requests (bucket maxima, so
 that no peak is lost), and the segments at the recorded run's peak.
 
+The first answer comes before the grid: when the doctor reports the replay and the reader's
+what-ifs done (its ``report`` step), the worker hands the page that answer (the figures, the
+figure and, after them, the report's text and the segments), then each setting of the grid as
+it finishes, so that the page shows them while the grid runs and can stop it there.
+
 The build ships this file in the same zip as the doctor's package (``book/_ext/doctor_page.py``);
 it also runs in CPython, where the tests compare it with the command line.
 """
@@ -39,7 +44,7 @@ class _Parser(OneLineParser):
 
 
 def argv(path: str, what_if: Sequence[str] = (), *, cap_bytes: int | None = None,
-         cap_fraction: float | None = None, suggest: bool = False) -> list[str]:
+         cap_fraction: float | None = None, suggest: bool = False, total_memory: int | None = None) -> list[str]:
     """The command line's arguments for these settings (after ``python -m experiments``).
 
     Args:
@@ -47,6 +52,7 @@ def argv(path: str, what_if: Sequence[str] = (), *, cap_bytes: int | None = None
         what_if: settings strings in ``PYTORCH_CUDA_ALLOC_CONF`` syntax, in the order given.
         cap_bytes / cap_fraction: the what-ifs' memory cap (at most one).
         suggest: ask for the ranked settings (only where the command line has ``--suggest``).
+        total_memory: the device's memory in bytes (``--total-memory``), which no snapshot records.
     """
     out = ["doctor", path]
     for s in what_if:
@@ -55,6 +61,8 @@ def argv(path: str, what_if: Sequence[str] = (), *, cap_bytes: int | None = None
         out += ["--cap", str(cap_bytes)]
     if cap_fraction is not None:
         out += ["--cap-fraction", repr(float(cap_fraction))]
+    if total_memory is not None:
+        out += ["--total-memory", str(total_memory)]
     if suggest:
         out.append("--suggest")
     return out + ["--json"]
@@ -123,9 +131,14 @@ def figure_data(report: Any, points: int = POINTS) -> dict[str, Any]:
         ``points`` values per line, each the largest of its bucket of requests; bytes are whole
         numbers, x are request indices.
     """
+    # the run itself when the doctor kept its series (series=True)
+    return _figure([report.series(shown) for shown in [report.replay] + list(report.what_ifs)], points)
+
+
+def _figure(shown: Sequence[Any], points: int = POINTS) -> dict[str, Any]:
+    """:func:`figure_data` of Runs that kept their series, the recorded run first."""
     runs = []
-    for k, shown in enumerate([report.replay] + list(report.what_ifs)):
-        run = report.series(shown)   # the run itself when the doctor kept its series (series=True)
+    for k, run in enumerate(shown):
         xs, res = _envelope(run.reserved, points)
         _, alloc = _envelope(run.allocated, points)
         runs.append({"label": ("recorded: " if k == 0 else "") + (run.settings or "defaults"), "recorded": k == 0,
@@ -156,15 +169,30 @@ MEMORY = ("error: the snapshot does not fit in this browser tab's memory; run th
 
 
 def run(path: str, what_if: Sequence[str] = (), *, cap_bytes: int | None = None, cap_fraction: float | None = None,
-        suggest: bool = False, progress: Callable[[str], Any] | None = None) -> dict[str, Any]:
+        suggest: bool = False, total_memory: int | None = None, progress: Callable[[str], Any] | None = None,
+        partial: Callable[[str, str], Any] | None = None) -> dict[str, Any]:
     """Run the doctor's command line on ``path`` and keep its report for the page.
 
     ``progress`` is told, as text, the step the doctor starts: reading the snapshot, replaying
     the recorded run, each what-if, each setting of the suggestion's grid, writing the result.
 
+    ``partial(kind, json_text)`` is given what is ready before the end, in this order:
+
+    * ``"replay"`` once the recorded run is replayed, when what-ifs follow: :func:`replay_answer`;
+    * ``"early"`` once the replay and the what-ifs are done: :func:`early_answer`;
+    * ``"details"`` right after: :func:`details` of that report (``ok`` added);
+    * ``"grid"`` for each setting of the grid as it finishes: ``{"index", "count" (the settings
+      known so far: the combinations are added after the single settings), "settings",
+      "seconds", "row": the run's figures as the suggestion's rows give them, before the
+      ranking}``.
+
+    An exception ``partial`` raises stops the doctor, as the progress hook's does.
+
     Returns:
         ``{"ok": True, "argv", "json_text" (the command's stdout), "json" (parsed), "figure",
-        "seconds": {"total", "replay", "what_if": [...], "grid": [...]}}``, and the report as
+        "oom_text" (the report's OOM explanation or None), "stopped" (the report's lines on what-ifs
+        that run out of memory where the recording did not: Report.stopped_lines),
+        "seconds": {"total", "read", "replay", "what_if": [...], "grid": [...]}}``, and the report as
         ``report`` (a Python object, for :func:`details`); or ``{"ok": False, "argv", "error": the
         command's one line}`` for bad input or settings (its exit status 2) and when the tab runs
         out of memory; or ``{"ok": False, "argv", "bug": the command's line and the traceback}``
@@ -173,17 +201,34 @@ def run(path: str, what_if: Sequence[str] = (), *, cap_bytes: int | None = None,
     from experiments.doctor import cli
 
     say = progress or (lambda _msg: None)
-    args_list = argv(path, what_if, cap_bytes=cap_bytes, cap_fraction=cap_fraction, suggest=suggest)
+    args_list = argv(path, what_if, cap_bytes=cap_bytes, cap_fraction=cap_fraction, suggest=suggest,
+                     total_memory=total_memory)
     t0 = time.perf_counter()
     try:
         args = _parser().parse_args(args_list)
     except UsageError as e:
         return {"ok": False, "error": str(e), "argv": args_list}
-    timings: dict[str, Any] = {"replay": 0.0, "what_if": [], "grid": []}
+    timings: dict[str, Any] = {"read": 0.0, "replay": 0.0, "what_if": [], "grid": []}
+    base: dict[str, Any] = {}
 
     def step(s: Any) -> None:
         # The doctor's steps (experiments.doctor.answers.progress): say the one that starts,
         # time the ones that end. The series it keeps for the figure change no figure of the JSON.
+        if s.done and partial is not None:
+            if s.stage == "read":
+                base["trace"] = s.result
+            elif s.stage == "replay":
+                base["run"] = s.result
+                if args.what_if and "trace" in base:
+                    partial("replay", json.dumps(replay_answer(base["trace"], s.result, args.what_if, s.seconds,
+                                                              timings["read"])))
+            elif s.stage == "report":
+                partial("early", json.dumps(early_answer(s.result, args_list, timings, grid=_grid_follows(args, s.result))))
+                say("the report and the segments at the peak")
+                partial("details", json.dumps({"ok": True, **details(s.result)}))
+            elif s.stage == "grid":
+                partial("grid", json.dumps({"index": s.index, "count": s.count, "settings": s.settings,
+                                            "seconds": s.seconds, "row": grid_row(s.result, base.get("run"))}))
         if not s.done:
             if s.stage == "read":
                 say("reading the snapshot")
@@ -192,9 +237,9 @@ def run(path: str, what_if: Sequence[str] = (), *, cap_bytes: int | None = None,
             elif s.stage == "what_if":
                 say(f"what-if {s.index + 1} of {s.count}: {s.settings or 'defaults'}")
             elif s.stage == "grid":
-                say(f"suggestion: setting {s.index + 1} of the grid, {s.settings or 'defaults'}")
-        elif s.stage == "replay":
-            timings["replay"] = s.seconds
+                say(f"the grid: setting {s.index + 1} of {s.count}, {s.settings or 'defaults'}")
+        elif s.stage in ("read", "replay"):
+            timings[s.stage] = s.seconds
         elif s.stage in ("what_if", "grid"):
             timings[s.stage].append(s.seconds)
         elif s.stage == "done":
@@ -212,7 +257,65 @@ def run(path: str, what_if: Sequence[str] = (), *, cap_bytes: int | None = None,
     timings["total"] = time.perf_counter() - t0
     oom = rep.oom_text() if rep.oom is not None else None
     return {"ok": True, "argv": args_list, "json_text": res.out + "\n", "json": json.loads(res.out), "oom_text": oom,
-            "figure": fig, "seconds": timings, "report": rep}
+            "stopped": rep.stopped_lines(), "figure": fig, "seconds": timings, "report": rep}
+
+
+def _grid_follows(args: argparse.Namespace, report: Any) -> str | None:
+    """Why the doctor runs the grid after its ``report`` step: ``"suggest"`` (asked for),
+    ``"oom"`` (to say which settings would have fitted under the trace's first out-of-memory
+    error: :func:`experiments.doctor.answers.report.doctor` explains it by default), or None."""
+    from experiments.doctor.answers.oom import first_oom
+
+    if args.suggest:
+        return "suggest"
+    return "oom" if first_oom(report.trace) is not None else None
+
+
+def replay_answer(trace: Any, run: Any, what_if: Sequence[str], seconds: float, read_seconds: float = 0.0) -> dict[str, Any]:
+    """The page's very first answer on a long trace: the recorded run replayed, before the
+    what-ifs (the doctor's ``replay`` step).
+
+    Returns:
+        ``{"ok": True, "replay_only": True, "pending": the what-ifs still to run,
+        "json": {"trace_events", "settings", "replay", "what_if": []} (the fields of the
+        ``--json`` object known so far, as it writes them), "figure": the recorded run's line,
+        "seconds": {"read", "replay", "what_if": []}}``.
+    """
+    return {"ok": True, "replay_only": True, "pending": list(what_if),
+            "json": {"trace_events": len(trace.events), "settings": trace.settings, "replay": run.summary(),
+                     "what_if": []},
+            "figure": _figure([run]), "seconds": {"read": read_seconds, "replay": seconds, "what_if": []}}
+
+
+def early_answer(report: Any, args_list: Sequence[str], timings: dict[str, Any], grid: str | None) -> dict[str, Any]:
+    """The page's first answer, at the doctor's ``report`` step (the replay and the what-ifs
+    done; the suggestion and the OOM explanation, which need the grid, not yet).
+
+    Returns:
+        ``{"ok": True, "early": True, "argv", "json_text", "json", "figure", "oom_text": None, "stopped",
+        "seconds": {"read", "replay", "what_if": [...]}, "grid": why a grid follows or None}``:
+        ``json_text`` is the report's ``--json`` object so far, the command line's answer
+        without ``--suggest`` (byte for byte when the trace has no out-of-memory error);
+        ``argv`` the command that gives it.
+    """
+    text = json.dumps(report.to_json()) + "\n"
+    return {"ok": True, "early": True, "argv": [a for a in args_list if a != "--suggest"], "json_text": text,
+            "json": json.loads(text), "figure": figure_data(report), "oom_text": None, "stopped": report.stopped_lines(),
+            "seconds": {"read": timings["read"], "replay": timings["replay"], "what_if": list(timings["what_if"]),
+                        "grid": []}, "grid": grid}
+
+
+def grid_row(run: Any, base: Any) -> dict[str, Any]:
+    """A setting of the grid as the suggestion's rows give it (settings, its figures and
+    certainty, ``saved_bytes`` and ``saved_range_bytes`` against the recorded run's peak), from
+    its Run as it finishes, before the ranking (which may still replace the recorded setting's
+    row with the exact replay's figures)."""
+    row = run.summary()
+    if base is not None:
+        row["saved_bytes"] = base.peak_reserved_bytes - run.peak_reserved_bytes
+        lo, hi = run.peak_reserved_range_bytes or (run.peak_reserved_bytes, run.peak_reserved_bytes)
+        row["saved_range_bytes"] = [base.peak_reserved_bytes - hi, base.peak_reserved_bytes - lo]
+    return row
 
 
 def details(report: Any) -> dict[str, Any]:
@@ -224,7 +327,8 @@ def details(report: Any) -> dict[str, Any]:
     return {"text": report.text(), **seg, "seconds": time.perf_counter() - t}
 
 
-def run_json(path: str, request_json: str, progress: Callable[[str], Any] | None = None) -> str:
+def run_json(path: str, request_json: str, progress: Callable[[str], Any] | None = None,
+             partial: Callable[[str, str], Any] | None = None) -> str:
     """:func:`run` for the worker: the request and the answer as JSON text. The answer holds no
     Python object; the last report is kept for :func:`details_json`. A bug comes back as
     ``{"ok": False, "bug": traceback}``, never as an error of the reader's file."""
@@ -232,7 +336,8 @@ def run_json(path: str, request_json: str, progress: Callable[[str], Any] | None
     req = json.loads(request_json)
     try:
         res = run(path, req.get("what_if", []), cap_bytes=req.get("cap_bytes"), cap_fraction=req.get("cap_fraction"),
-                  suggest=bool(req.get("suggest")), progress=progress)
+                  suggest=bool(req.get("suggest")), total_memory=req.get("total_memory"), progress=progress,
+                  partial=partial)
     except Exception:  # noqa: BLE001 -- not the reader's input: shown as a bug of the page
         _last = None
         return json.dumps({"ok": False, "bug": traceback.format_exc()})

@@ -15,6 +15,21 @@
 - Trims the theme's ``fontawesome.js`` (pydata-sphinx-theme bundles every Font Awesome
   icon, 1.49 MB) to the icons the built pages and scripts name, replacing the copy in the
   output; the theme itself is untouched.
+- Gives every page a favicon (``book/_static/favicon.svg``): without one, browsers ask for
+  ``/favicon.ico`` and get a 404 on every page.
+- Ships only the icon glyphs the pages use: the theme's ``<i class="fa-...">`` icons
+  are drawn as SVG by the trimmed ``fontawesome.js``, and the few drawn from Font Awesome's
+  webfont by CSS (admonition titles, the theme's ``--pst-icon-*``) come from a subset of its
+  solid font (:func:`icon_codepoints`, :func:`subset_icon_font`), so that the 275 kB of
+  webfonts are never fetched.
+- No answer before it is asked for: in the full book, a cell marked ``memlab: {reveals: <label>}`` gets the
+  class ``memlab-answer`` (and ``memlab-answer-to-<label>``), and the explorer views at its
+  ``points`` the attribute ``data-answer-to``, their images not loaded: ``memlab-figures.js``
+  shows them only once the exercise's solution or answer has been opened, and ``memlab.js``
+  keeps solutions and answers out of search result snippets. The page's ``.ipynb`` download is
+  the notebook Colab opens (``book/<page>.ipynb``: plain Markdown, solutions folded), not the
+  executed MyST notebook with solutions as open text, and notebook pages offer no download of
+  their MyST source, which holds the solutions as text too.
 - With ``memlab_student = True`` (the student edition): no download button, whose
   notebooks carry the solutions (Jupyter Book 1 ignores ``html.use_download_button``),
   and no ``_sources/`` folder, where sphinx-book-theme copies the executed notebooks.
@@ -45,6 +60,9 @@ def _config_inited(app, config):
     config.html_context = {**config.html_context, "default_mode": config.html_context.get("default_mode", "auto")}
     config.nb_ipywidgets_js = {}
     config.html_static_path = [*config.html_static_path, str(STATIC)]
+    if not config.html_favicon:
+        # an absolute path: the student edition's config is read from another folder
+        config.html_favicon = str(STATIC / "favicon.svg")
 
 
 def _page_context(app, pagename, templatename, context, doctree):
@@ -64,6 +82,13 @@ def _page_context(app, pagename, templatename, context, doctree):
     if app.config.memlab_student:
         context["header_buttons"] = [b for b in context.get("header_buttons", [])
                                      if "download" not in str(b.get("tooltip", "")).lower()]
+    else:
+        for group in context.get("header_buttons", []):
+            buttons = group.get("buttons") if isinstance(group, dict) else None
+            labels = {b.get("label") for b in buttons or [] if isinstance(b, dict)}
+            if "download-notebook-button" in labels:
+                # the page's MyST source holds the solutions as open text; its notebook is Colab's
+                group["buttons"] = [b for b in buttons if b.get("label") != "download-source-button"]
 
 
 VIEW = re.compile(r'(<figure class="memlab-view" data-point="(?P<point>[^"]*)"(?P<rest>[^>]*)>)(?P<body>.*?)(</figure>)',
@@ -102,9 +127,55 @@ def _withhold_points(node, specs: list, label: str) -> int:
     return count
 
 
+def _mark_points(node, specs: list, label: str) -> int:
+    """Full book: mark the explorer views at ``specs`` under ``node`` as ``label``'s answer, their
+    images not loaded until ``memlab-figures.js`` shows them; returns how many."""
+    from docutils import nodes
+
+    count = 0
+    for raw in list(node.findall(nodes.raw)):
+        text = raw.astext()
+
+        def sub(m):
+            nonlocal count
+            try:
+                point = json.loads(html.unescape(m.group("point")))
+            except ValueError:
+                return m.group(0)
+            if not (isinstance(point, dict) and _matches(point, specs)):
+                return m.group(0)
+            count += 1
+            body = m.group("body").replace(' srcset="data:', ' data-srcset="data:').replace(' src="data:', ' data-src="data:')
+            return m.group(1)[:-1] + f' data-answer-to="{html.escape(label)}">' + body + m.group(5)
+
+        new = VIEW.sub(sub, text)
+        if new != text:
+            raw.replace_self(nodes.raw("", new, format=raw.get("format", "html")))
+    return count
+
+
+def _mark_answers(app, doctree):
+    """Full book: mark the outputs that answer an exercise (see the module docstring)."""
+    from docutils import nodes
+
+    for cell in list(doctree.findall(nodes.container)):
+        if cell.get("nb_element") != "cell_code":
+            continue
+        meta = (cell.get("cell_metadata") or {}).get("memlab") or {}
+        label = meta.get("reveals") if isinstance(meta, dict) else None
+        if not label:
+            continue
+        if meta.get("points"):
+            if not _mark_points(cell, meta["points"], label):
+                raise ValueError(f"{app.env.docname}: no explorer view at {meta['points']} to mark for {label}")
+            continue
+        cell["classes"] += ["memlab-answer", f"memlab-answer-to-{label}"]
+
+
 def _withhold_answers(app, doctree):
     """Student edition: withhold the outputs that answer an exercise (see the module docstring)."""
     if not app.config.memlab_student:
+        _mark_answers(app, doctree)
         return
     from docutils import nodes
 
@@ -217,13 +288,105 @@ def _trim_theme_icons(outdir: Path) -> None:
     os.replace(tmp, js_path)
 
 
+# A private-use character (Font Awesome's glyphs) in a CSS string, as a character or an escape.
+_PUA = r'(?:[\ue000-\uf8ff]|\\f[0-9a-fA-F]{3})'
+
+
+def icon_codepoints(theme_css: str, other_css: list[str]) -> set[int]:
+    """The Font Awesome glyphs the theme's CSS draws with the webfont: the values of
+    pydata-sphinx-theme's ``--pst-icon-*`` properties (admonition titles, external links,
+    breadcrumbs) and every glyph another stylesheet puts in a ``content``. The Font Awesome
+    bundle's own ``.fa-*:before`` rules are left out: the trimmed ``fontawesome.js`` draws
+    those icons as SVG."""
+    def cp(text: str) -> int:
+        return ord(text) if len(text) == 1 else int(text[1:], 16)
+
+    found = {cp(m) for m in re.findall(r'--pst-icon-[\w-]+:\s*"(' + _PUA + ')"', theme_css)}
+    for css in other_css:
+        found |= {cp(m) for m in re.findall(r'content:\s*"(' + _PUA + ')"', css)}
+    return found
+
+
+def subset_icon_font(ttf: Path, codepoints: set[int], out: Path) -> int:
+    """Write ``ttf`` cut down to ``codepoints`` as a WOFF file (fontTools; zlib, as brotli for
+    WOFF2 is not installed). Returns the glyphs kept."""
+    from fontTools import subset
+    from fontTools.ttLib import TTFont
+
+    options = subset.Options()
+    options.flavor = "woff"
+    options.layout_features = []
+    options.name_IDs = ["*"]
+    font = TTFont(str(ttf))
+    sub = subset.Subsetter(options)
+    sub.populate(unicodes=sorted(codepoints))
+    sub.subset(font)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    subset.save_font(font, str(tmp), options)
+    os.replace(tmp, out)
+    return len(font.getGlyphOrder())
+
+
+_FONT_FACE = re.compile(r"@font-face\{[^}]*\}")
+
+
+def _subset_theme_font(outdir: Path) -> None:
+    """Point the theme's solid Font Awesome face at a subset of the glyphs the CSS uses, and drop
+    the brands and regular faces, which no CSS rule uses (their icons are SVG)."""
+    static = outdir / "_static"
+    theme = static / "styles" / "pydata-sphinx-theme.css"
+    fonts = static / "vendor" / "fontawesome" / "webfonts"
+    if not theme.exists() or not (fonts / "fa-solid-900.ttf").exists():
+        return
+    text = theme.read_text()
+    others = [p.read_text(errors="replace") for p in static.rglob("*.css") if p != theme]
+    cps = icon_codepoints(text, others)
+    if not cps:
+        return
+    name = "fa-solid-900-used.woff"
+    subset_icon_font(fonts / "fa-solid-900.ttf", cps, fonts / name)
+
+    def face(m: re.Match) -> str:
+        rule = m.group(0)
+        if "Font Awesome" not in rule:
+            return rule
+        if "fa-solid-900" in rule:
+            return re.sub(r"src:[^;}]*", f'src:url(../vendor/fontawesome/webfonts/{name}) format("woff")', rule)
+        return ""  # brands, regular: no CSS rule draws with them
+
+    new = _FONT_FACE.sub(face, text)
+    if new != text:
+        tmp = theme.with_name(f".{theme.name}.tmp")
+        tmp.write_text(new)
+        os.replace(tmp, theme)
+    # the webfonts nothing names any more are not shipped (1.1 MB)
+    texts = [p.read_text(errors="replace") for p in outdir.rglob("*") if p.suffix in (".css", ".js", ".html")]
+    for font in fonts.iterdir():
+        if font.name != name and not any(font.name in t for t in texts):
+            font.unlink()
+
+
+def _colab_notebooks_for_download(outdir: Path, srcdir: Path) -> None:
+    """The page's ".ipynb" download is the notebook Colab opens (book/<page>.ipynb), in place of
+    the executed MyST notebook sphinx-book-theme copied to _sources/ (solutions as open text)."""
+    for path in (outdir / "_sources").rglob("*.ipynb"):
+        colab = srcdir / path.relative_to(outdir / "_sources")
+        if colab.exists():
+            tmp = path.with_name(f".{path.name}.tmp")
+            shutil.copyfile(colab, tmp)
+            os.replace(tmp, path)
+
+
 def _build_finished(app, exception):
     # sphinx-book-theme copies each executed notebook (solutions included) into _sources/
     # for its download button, whatever html_copy_source says: the student edition has none.
     if exception is None and app.config.memlab_student:
         shutil.rmtree(Path(app.outdir) / "_sources", ignore_errors=True)
+    elif exception is None and app.builder.format == "html":
+        _colab_notebooks_for_download(Path(app.outdir), Path(app.srcdir))
     if exception is None and app.builder.format == "html":
         _trim_theme_icons(Path(app.outdir))
+        _subset_theme_font(Path(app.outdir))
 
 
 def setup(app):

@@ -6,6 +6,21 @@
  * figure (SVG drawn here), the report as the command line prints it, the segments at the
  * peak, and a download of the command line's --json object. The file is read in this tab
  * and sent nowhere. Config: window.memlabDoctor (book/_ext/doctor_page.py).
+ *
+ * A what-if the snapshot cannot settle shows its range in every table and in the
+ * figure's legend, as the command line's report does ("X to Y"); the doctor's messages are
+ * put in this page's words (its controls, not the command line's flags); the download size
+ * shown is the one the site ships; setting names break only after ':', ',', '_' or '=';
+ * the figure's axis and legend use one unit; without the network, the page says that it
+ * needs it, instead of blaming the tab's memory.
+ *
+ * The first answer comes before the grid: the worker sends the replay and the what-ifs as soon
+ * as the doctor has them ("early"), then the report's text and the segments, then each setting
+ * of the grid as it finishes ("grid": a table that fills in), then the whole answer ("result",
+ * the command line's JSON byte for byte), which replaces the suggestion and the OOM
+ * explanation. Stop while the grid runs ends the worker and keeps what is shown (a worker busy
+ * in Python cannot be asked to stop half-way without cross-origin isolation, which a static
+ * host cannot promise).
  */
 (function () {
   "use strict";
@@ -78,6 +93,7 @@
   }
 
   function megabytes(n) {
+    if (n < 1e6) return Math.max(1, Math.round(n / 1e3)) + " kB";
     return (n / 1e6).toFixed(n < 1e7 ? 1 : 0) + " MB";
   }
 
@@ -108,12 +124,14 @@
   const checks = PRESETS.map(([setting, note, on], i) => {
     const box = el("input", { type: "checkbox", id: "memlab-doctor-wi-" + i, value: setting, checked: on });
     return el("div", { class: "memlab-doctor-check" }, [box,
-      el("label", { for: box.id }, [el("code", { text: setting || "defaults" }), document.createTextNode(" \u2014 " + note)])]);
+      el("label", { for: box.id }, [breakable(setting || "defaults"), document.createTextNode(" \u2014 " + note)])]);
   });
   const other = el("textarea", { id: "memlab-doctor-other", rows: "2", spellcheck: "false",
                                  placeholder: "expandable_segments:True,max_split_size_mb:256" });
   const cap = el("input", { type: "number", id: "memlab-doctor-cap", min: "0", step: "any", inputmode: "decimal",
                             placeholder: "none" });
+  const total = el("input", { type: "number", id: "memlab-doctor-total", min: "0", step: "any", inputmode: "decimal",
+                              placeholder: "auto", "aria-describedby": "memlab-doctor-total-note" });
   const suggest = el("input", { type: "checkbox", id: "memlab-doctor-suggest", checked: true });
   const runButton = el("button", { type: "button", class: "memlab-doctor-run", disabled: true, text: "Run again" });
   const stopButton = el("button", { type: "button", class: "memlab-doctor-stop", hidden: true, text: "Stop" });
@@ -125,8 +143,14 @@
       el("label", { for: other.id, text: "Other settings, one per line (PYTORCH_CUDA_ALLOC_CONF syntax):" }), other]),
     el("div", { class: "memlab-doctor-field memlab-doctor-inline" }, [
       el("label", { for: cap.id, text: "Memory cap for the what-ifs, GiB (empty: the snapshot's own, if any):" }), cap]),
+    el("div", { class: "memlab-doctor-field memlab-doctor-inline" }, [
+      el("label", { for: total.id, text: "The GPU's memory, GiB (empty: the snapshot's if it records it, else the lab " +
+                                         "H200's 139.8):" }),
+      total,
+      el("p", { class: "memlab-doctor-note", id: "memlab-doctor-total-note" }, [document.createTextNode("On that GPU: "),
+        dotted("torch.cuda.get_device_properties(0).total_memory / 2**30")])]),
     cfg.options && cfg.options.suggest ? el("div", { class: "memlab-doctor-check" }, [suggest,
-      el("label", { for: suggest.id, text: "Also rank a grid of settings and suggest one (--suggest)" })]) : null,
+      el("label", { for: suggest.id, text: "Also rank a grid of settings and suggest one" })]) : null,
     el("div", { class: "memlab-doctor-buttons" }, [runButton, stopButton]),
   ]);
 
@@ -148,6 +172,9 @@
   let started = 0;
   let stageText = "";
   let readyPending = true;
+  let phase = null;        // "early": the first answer is shown and the grid runs; "final"; null
+  let gridWhy = null;      // why a grid follows the first answer: "suggest", "oom" or null
+  let gridRows = [];       // the grid's settings as they finish (before the ranking)
 
   function newWorker() {
     const w = new Worker(staticBase + cfg.worker, { type: "module" });
@@ -155,12 +182,60 @@
     w.onmessage = (e) => onWorkerMessage(e.data);
     w.onerror = (e) => {
       e.preventDefault();
-      fail("error: the page's Python stopped (" + (e.message || "the tab may have run out of memory") +
-           "); for a snapshot this large, run the doctor on your machine: pip install cuda-memory-lab, then " +
-           "python -m experiments doctor FILE");
+      const loaded = !readyPending;
+      reachable().then((online) => {
+        if (!online) return fail(offlineLine(loaded));
+        fail("error: the page's Python stopped (" + (e.message || "the tab may have run out of memory") +
+             "); for a snapshot this large, run the doctor on your machine: pip install cuda-memory-lab, then " +
+             "python -m experiments doctor FILE");
+      });
     };
     readyPending = true;
     return w;
+  }
+
+  // Whether this site answers: the worker's own script, asked again (a worker that cannot load
+  // its files reports no reason).
+  function reachable() {
+    if (navigator.onLine === false) return Promise.resolve(false);
+    return fetch(staticBase + cfg.worker, { method: "HEAD", cache: "no-store" }).then((r) => r.ok, () => false);
+  }
+
+  function downloadSize() {
+    return cfg.downloadBytes ? "about " + Math.round(cfg.downloadBytes / 1e6) + " MB" : "its files";
+  }
+
+  function offlineLine(loaded) {
+    return "error: the page could not download the doctor (Python and its code, " + downloadSize() +
+      " from this site): the network seems to be off. " + (loaded
+        ? "Python was loaded once in this tab but had to be started again (after Stop or an error); "
+        : "") + "Run again once you are online; after a first run the doctor stays loaded in this tab until you " +
+      "leave or stop it. Without a network, use the command line: pip install cuda-memory-lab, then " +
+      "python -m experiments doctor FILE";
+  }
+
+  // The doctor speaks command line: its flags become this page's controls.
+  const CLI = "run the doctor on your machine (pip install cuda-memory-lab, then python -m experiments doctor FILE " +
+              "--max-bytes N)";
+  const PAGE_WORDS = [
+    [/pass --cap BYTES or --cap-fraction F/g, "give the memory cap above (GiB)"],
+    [/pass --cap( BYTES)?\b/g, "give the memory cap above (GiB)"],
+    [/--cap must be a number of bytes >= 0, got \S+/g, "the memory cap must be 0 GiB or more"],
+    [/if it is a real snapshot, raise (it|the limit) \(--max-bytes\)/g, "this page cannot raise that limit: " + CLI],
+    [/if the snapshot is real, raise it: --read-budget BYTES \(Limits\(budget_bytes=\.\.\.\) from Python\)/g,
+     "this page cannot raise that limit: " + CLI.replace("--max-bytes N", "--read-budget BYTES")],
+    [/if the snapshot is real, raise the limit: --max-events N \(Limits\(max_events=\.\.\.\) from Python\)/g,
+     "this page cannot raise that limit: " + CLI.replace("--max-bytes N", "--max-events N")],
+    [/ \(--max-events N\)/g, "; this page cannot raise that limit: " + CLI.replace("--max-bytes N", "--max-events N")],
+    [/give --total-memory BYTES \(torch\.cuda\.get_device_properties\(0\)\.total_memory\)/g,
+     "give the GPU's memory above (GiB)"],
+    [/--total-memory must be a whole number of bytes in \(0, \w+\), got \S+/g, "the GPU's memory must be more than 0 GiB"],
+  ];
+
+  function pageWords(line) {
+    let out = String(line);
+    for (const [from, to] of PAGE_WORDS) out = out.replace(from, to);
+    return out.replace(/^error: python -m experiments doctor: /, "error: ");
   }
 
   function setStage(text, fraction) {
@@ -179,6 +254,7 @@
     busy = on;
     status.hidden = !on;
     stopButton.hidden = !on;
+    if (!on) stopButton.textContent = "Stop";
     runButton.disabled = on || !file;
     root.classList.toggle("memlab-doctor-busy", on);
     clearInterval(timer);
@@ -187,7 +263,7 @@
 
   function fail(line) {
     setBusy(false);
-    errorBox.textContent = line;
+    errorBox.textContent = pageWords(line);
     errorBox.hidden = false;
     if (worker) worker.terminate();
     worker = null;
@@ -199,9 +275,10 @@
     const req = { what_if: whatIf };
     if (cap.value.trim() !== "") {
       const g = Number(cap.value);
-      // Bytes, as the command line's --cap takes them; a bad value gets the doctor's own message.
-      req.cap_bytes = Number.isFinite(g) ? Math.round(g * GiB) : cap.value;
+      // Bytes, as the command line's --cap takes them.
+      req.cap_bytes = Math.round(g * GiB);
     }
+    if (total.value.trim() !== "") req.total_memory = Math.round(Number(total.value) * GiB);
     if (cfg.options && cfg.options.suggest && suggest.checked) req.suggest = true;
     return req;
   }
@@ -209,6 +286,20 @@
   async function run() {
     if (!file || busy) return;
     errorBox.hidden = true;
+    const capText = cap.value.trim();
+    if (capText !== "" && !(Number.isFinite(Number(capText)) && Number(capText) >= 0)) {
+      errorBox.textContent = "error: the memory cap must be a number of GiB, 0 or more (or empty: the snapshot's own), got " +
+        JSON.stringify(cap.value);
+      errorBox.hidden = false;
+      return;
+    }
+    const totalText = total.value.trim();
+    if (totalText !== "" && !(Number.isFinite(Number(totalText)) && Number(totalText) > 0 && Number(totalText) < 65536)) {
+      errorBox.textContent = "error: the GPU's memory must be a number of GiB above 0 and under 65,536 (or empty: the " +
+        "snapshot's, else the lab H200's), got " + JSON.stringify(total.value);
+      errorBox.hidden = false;
+      return;
+    }
     if (file.size > cfg.limitBytes) {
       errorBox.textContent = "error: " + file.name + " is " + megabytes(file.size) + "; this page takes snapshots up to " +
         megabytes(cfg.limitBytes) + ". Run the doctor on your machine instead: pip install cuda-memory-lab, then " +
@@ -217,8 +308,15 @@
       return;
     }
     started = performance.now();
+    // what a test or a reader's tool reads of the last run: nothing of the one before stays
+    for (const k of ["state", "replaySeconds", "firstResultSeconds", "resultSeconds", "doneSeconds", "gridRows"]) {
+      delete root.dataset[k];
+    }
+    phase = null;
+    gridWhy = null;
+    gridRows = [];
     setBusy(true);
-    setStage(readyPending ? "loading Python (the first time about 13 MB from this site)" : "reading the file", null);
+    setStage(readyPending ? "loading Python (the first time " + downloadSize() + " from this site)" : "reading the file", null);
     results.hidden = true;
     let bytes;
     try {
@@ -239,7 +337,31 @@
       root.dataset.pyodideSeconds = msg.seconds.toFixed(2);
       root.dataset.pyodideMarks = JSON.stringify(msg.marks);
     } else if (msg.type === "fatal") {
-      fail("error: the page could not run the doctor: " + msg.message);
+      const loaded = !readyPending;
+      reachable().then((online) => fail(online ? "error: the page could not run the doctor: " + msg.message
+                                                : offlineLine(loaded)));
+    } else if (msg.type === "replay") {
+      // the recorded run replayed: its row and its line at once, the what-ifs follow
+      root.dataset.replaySeconds = seconds();
+      showReplay(JSON.parse(msg.answer));
+      root.dataset.state = "replay";
+    } else if (msg.type === "early") {
+      // the replay and the what-ifs: shown at once, the grid (if any) runs on
+      const answer = JSON.parse(msg.answer);
+      phase = "early";
+      gridWhy = answer.grid || null;
+      root.dataset.firstResultSeconds = seconds();
+      root.dataset.seconds = JSON.stringify(answer.seconds);
+      showResult(answer);
+      if (gridWhy) {
+        root.dataset.state = "grid";
+        stopButton.textContent = "Stop the ranking";
+      }
+    } else if (msg.type === "grid") {
+      const g = JSON.parse(msg.answer);
+      gridRows.push(g);
+      showGridSoFar(g.count);
+      root.dataset.gridRows = String(gridRows.length);
     } else if (msg.type === "result") {
       const answer = JSON.parse(msg.answer);
       if (!answer.ok) {
@@ -248,19 +370,27 @@
         if (answer.bug) setBusy(false);
         return;
       }
-      root.dataset.firstResultSeconds = ((performance.now() - started) / 1000).toFixed(2);
+      if (!root.dataset.firstResultSeconds) root.dataset.firstResultSeconds = seconds();
+      root.dataset.resultSeconds = seconds();
       root.dataset.seconds = JSON.stringify(answer.seconds);
-      showResult(answer);
-      setStage("writing the report and the segments at the peak", null);
+      if (phase === "early") completeResult(answer);
+      else showResult(answer);
+      phase = "final";
+      setStage("writing the report", null);
       worker.postMessage({ type: "details" });
     } else if (msg.type === "details") {
       const d = JSON.parse(msg.answer);
-      setBusy(false);
       if (!d.ok) return showBug(d.bug);
       showDetails(d);
-      root.dataset.doneSeconds = ((performance.now() - started) / 1000).toFixed(2);
+      if (phase === "early") return;   // the first answer's report and segments; the grid runs on
+      setBusy(false);
+      root.dataset.doneSeconds = seconds();
       root.dataset.state = "done";
     }
+  }
+
+  function seconds() {
+    return ((performance.now() - started) / 1000).toFixed(2);
   }
 
   function showBug(trace) {
@@ -278,17 +408,115 @@
       .concat((json.what_if || []).map((w) => ({ label: w.settings || "defaults", recorded: false, ...w })));
   }
 
-  function settingsTable(json) {
+  // A what-if's figure as the reader should take it (experiments.doctor.report._between): one
+  // number when exact, else the range of the runs the snapshot cannot tell apart.
+  function range(x, name) {
+    const rng = x[name === "oom_events" ? "oom_events_range" : name.replace(/_bytes$/, "_range_bytes")];
+    return x.exact === false && rng && rng[0] !== rng[1] ? rng : null;
+  }
+
+  function between(x, name) {
+    const rng = range(x, name);
+    const fmt = name === "oom_events" ? String : (b) => formatBytes(b);
+    return rng ? fmt(rng[0]) + " to " + fmt(rng[1]) : fmt(x[name]);
+  }
+
+  function signedBytes(b) {
+    return (b > 0 ? "+" : b < 0 ? "\u2212" : "") + formatBytes(Math.abs(b));
+  }
+
+  function savedText(r) {
+    // the change of peak reserved against the recorded run: + costs memory, - saves it
+    const rng = r.exact === false && r.saved_range_bytes && r.saved_range_bytes[0] !== r.saved_range_bytes[1]
+      ? r.saved_range_bytes : null;
+    return rng ? signedBytes(-rng[1]) + " to " + signedBytes(-rng[0]) : signedBytes(-r.saved_bytes);
+  }
+
+  function numCell(text, ranged) {
+    return el("td", { class: "memlab-num" + (ranged ? " memlab-doctor-range" : ""), text: text });
+  }
+
+  // Why the ranged what-ifs are ranges: one line per reason and bound (the report's wording).
+  function uncertainNote(rows, nameOf) {
+    const off = new Map();
+    for (const x of rows) {
+      if (x.exact !== false) continue;
+      const key = (x.uncertain || ["?"]).join(", ") + "|" + (x.bound_bytes || 0);
+      if (!off.has(key)) off.set(key, []);
+      off.get(key).push(nameOf(x));
+    }
+    if (!off.size) return null;
+    const lines = [...off.entries()].map(([key, names]) => {
+      const [why, bound] = key.split("|");
+      const who = names.length === 1 ? names[0] : names.length + " settings";
+      return who + ": not exact (" + why + ")" + (+bound ? "; peak and final reserved may be off by up to " +
+        formatBytes(+bound) : "") + ".";
+    });
+    return el("p", { class: "memlab-doctor-note memlab-doctor-uncertain",
+                     text: "A range (X to Y) is where the snapshot cannot tell the runs apart. " + lines.join(" ") });
+  }
+
+  // A what-if in which a request the recording served runs out of memory: where it stops.
+  function stoppedFlag(r) {
+    if (r.finished !== false) return null;
+    return el("span", { class: "memlab-doctor-flag", text: r.stopped_at_request === null || r.stopped_at_request === undefined
+      ? "stops part-way" : "stops at request " + r.stopped_at_request.toLocaleString("en") });
+  }
+
+  function rowLabel(label, r) {
+    const flag = stoppedFlag(r);
+    return el("th", { scope: "row" }, flag ? [breakable(label), el("br"), flag] : [breakable(label)]);
+  }
+
+  const TOTAL_SOURCE = { given: "yours", snapshot: "the snapshot's", assumed: "assumed: the lab H200's" };
+
+  // What the answer rests on: the GPU's memory and where it comes from, the best-fit order
+  // between equal free blocks the replay followed.
+  function basisNote(json) {
+    const parts = [];
+    if (json.device_total_bytes) {
+      parts.push("GPU memory " + formatBytes(json.device_total_bytes) + " (" +
+                 (TOTAL_SOURCE[json.device_total_source] || json.device_total_source || "?") + ")");
+    }
+    const rule = json.allocator_rule;
+    if (rule && rule.version) {
+      parts.push("equal free blocks chosen in torch " + rule.version + (rule.version === "2.13" ? "+" : "") +
+                 "'s best-fit order (" + (rule.note || "") + (rule.ties !== undefined ? "; " + rule.ties.toLocaleString("en") +
+                 " tie" + (rule.ties === 1 ? "" : "s") + " decided" : "") +
+                 (rule.tried && rule.tried.length > 1 ? "; also tried " + rule.tried.filter((v) => v !== rule.version).join(", ") : "") +
+                 ")");
+    }
+    return parts.length ? el("p", { class: "memlab-doctor-note memlab-doctor-basis", text: parts.join("; ") + "." }) : null;
+  }
+
+  function warningList(json) {
+    const w = (json.warnings || []).filter((x) => typeof x === "string" && x);
+    if (!w.length) return null;
+    return el("ul", { class: "memlab-doctor-warnings", "aria-label": "Notes on this answer" },
+              w.map((x) => el("li", { text: "Note: " + pageWords(x) })));
+  }
+
+  function stoppedNote(answer) {
+    const lines = answer.stopped || [];
+    if (!lines.length) return null;
+    return el("ul", { class: "memlab-doctor-note memlab-doctor-stopped", "aria-label": "What-ifs that stop part-way" },
+              lines.map((x) => el("li", { text: pageWords(x) + "." })));
+  }
+
+  function settingsTable(json, answer) {
     const runs = runsOf(json);
-    const best = Math.min(...runs.map((r) => r.peak_reserved_bytes));
+    // the lowest peak at the worst end of its range, as --suggest ranks them
+    // (a what-if that stops part-way is not one to pick: the doctor does not suggest it)
+    const worst = (r) => r.finished === false ? Infinity : (range(r, "peak_reserved_bytes") || [0, r.peak_reserved_bytes])[1];
+    const best = Math.min(...runs.map(worst));
     const head = el("tr", {}, ["setting", "peak reserved", "peak allocated", "final reserved", "OOMs"].map(
       (h, i) => el("th", { scope: "col", class: i ? "memlab-num" : "", text: h })));
-    const rows = runs.map((r) => el("tr", { class: r.peak_reserved_bytes === best && runs.length > 1 ? "memlab-doctor-best" : "" }, [
-      el("th", { scope: "row" }, [breakable(r.label)]),
-      el("td", { class: "memlab-num", text: formatBytes(r.peak_reserved_bytes) }),
-      el("td", { class: "memlab-num", text: formatBytes(r.peak_allocated_bytes) }),
-      el("td", { class: "memlab-num", text: formatBytes(r.final_reserved_bytes) }),
-      el("td", { class: "memlab-num", text: String(r.oom_events) }),
+    const rows = runs.map((r) => el("tr", { class: worst(r) === best && runs.length > 1 ? "memlab-doctor-best" : "" }, [
+      rowLabel(r.label, r),
+      numCell(between(r, "peak_reserved_bytes"), range(r, "peak_reserved_bytes")),
+      numCell(formatBytes(r.peak_allocated_bytes)),
+      numCell(between(r, "final_reserved_bytes"), range(r, "final_reserved_bytes")),
+      numCell(between(r, "oom_events"), range(r, "oom_events")),
     ]));
     return el("div", {}, [
       el("p", { class: "memlab-doctor-note", text: json.trace_events.toLocaleString("en") + " trace events" +
@@ -296,14 +524,30 @@
           ({ given: " (yours)", fraction: " (your fraction of the device)", snapshot: " (the snapshot's)",
              inferred: " (inferred from the out-of-memory entry)" }[json.cap_source] || "") : "") +
         ". " + replayVerdict(json.replay) }),
+      basisNote(json) || "",
+      warningList(json) || "",
       el("div", { class: "memlab-scroll" }, [el("table", { class: "memlab-doctor-table" }, [
-        el("thead", {}, [head]), el("tbody", {}, rows)])])]);
+        el("thead", {}, [head]), el("tbody", {}, rows.concat(((answer && answer.pending) || []).map((p) =>
+          el("tr", { class: "memlab-doctor-pending" }, [rowLabel(p || "defaults", {}),
+            el("td", { colspan: "4", class: "memlab-doctor-note", text: "replaying\u2026" })]))))])]),
+      uncertainNote(json.what_if || [], (x) => x.settings || "defaults") || "",
+      (answer && stoppedNote(answer)) || ""]);
   }
 
-  function breakable(label) {
-    // A setting may break after ':', ',' or '_' on a phone, never inside a word.
+  // Python code that may break after a '.' on a phone, never inside a name.
+  function dotted(text) {
     const code = el("code");
-    label.split(/(?<=[:,_])/).forEach((part, i) => {
+    text.split(/(?<=\.)/).forEach((part, i) => {
+      if (i) code.append(el("wbr"));
+      code.append(document.createTextNode(part));
+    });
+    return code;
+  }
+
+  function breakable(label, cls) {
+    // A setting may break after ':', ',', '_' or '=' on a phone, never inside a word.
+    const code = el("code", cls ? { class: cls } : {});
+    label.split(/(?<=[:,_=])/).forEach((part, i) => {
       if (i) code.append(el("wbr"));
       code.append(document.createTextNode(part));
     });
@@ -313,27 +557,39 @@
   function replayVerdict(r) {
     if (r.matches_trace) return "The replay matches the trace exactly.";
     const m = r.first_mismatch || {};
-    return "The replay stops at trace event " + m.event_index + " (" + m.action + "): " + m.reason +
+    return "The replay stops at trace event " + m.event_index + " (" + m.action + "): " + pageWords(m.reason) +
            "; the figures cover the events before it.";
+  }
+
+  // The figure's one unit, for its axis and its legend: GiB from 1 GiB up, else MiB.
+  function figureUnit(fig) {
+    const most = Math.max(0, ...fig.runs.map((r) => Math.max(...r.reserved, 0)));
+    return most >= GiB ? { name: "GiB", bytes: GiB } : { name: "MiB", bytes: MiB };
+  }
+
+  function inUnit(b, unit) {
+    return sig(b / unit.bytes, 4) + " " + unit.name;
   }
 
   function timeline(fig, width) {
     const runs = fig.runs;
+    const unit = figureUnit(fig);
     const h = Math.max(220, Math.min(320, Math.round(width * 0.55)));
     const m = { l: 56, r: 10, t: 10, b: 40 };
     const w = width;
-    const top = Math.max(1, ...runs.map((r) => Math.max(...r.reserved, 0))) * 1.05 / MiB;
+    const top = Math.max(1, ...runs.map((r) => Math.max(...r.reserved, 0) / unit.bytes)) * 1.05;
     const xmax = Math.max(1, fig.requests);
     const X = (i) => m.l + (i / xmax) * (w - m.l - m.r);
-    const Y = (b) => h - m.b - (b / MiB / top) * (h - m.t - m.b);
+    const Y = (b) => h - m.b - (b / unit.bytes / top) * (h - m.t - m.b);
     const s = svg("svg", { width: w, height: h, viewBox: `0 0 ${w} ${h}`, role: "img", class: "memlab-doctor-svg",
       "aria-label": "Reserved and allocated memory over the requests, " + runs.map((r) => r.label + ": peak " +
         formatBytes(r.peak_reserved_bytes)).join("; ") });
     const ystep = niceStep(top, h < 260 ? 4 : 5);
-    for (let v = 0; v <= top + 1e-9; v += ystep) {
-      s.append(svg("line", { x1: m.l, x2: w - m.r, y1: Y(v * MiB), y2: Y(v * MiB), class: "memlab-doctor-grid" }));
-      s.append(svg("text", { x: m.l - 6, y: Y(v * MiB) + 4, "text-anchor": "end", class: "memlab-doctor-tick" },
-                   v >= 1024 && ystep >= 1024 ? (v / 1024) + " GiB" : sig(v, 6) + (v ? " MiB" : "")));
+    for (let k = 0; k * ystep <= top + 1e-9; k++) {
+      const v = k * ystep;
+      s.append(svg("line", { x1: m.l, x2: w - m.r, y1: Y(v * unit.bytes), y2: Y(v * unit.bytes), class: "memlab-doctor-grid" }));
+      s.append(svg("text", { x: m.l - 6, y: Y(v * unit.bytes) + 4, "text-anchor": "end", class: "memlab-doctor-tick" },
+                   sig(v, 6) + (v ? " " + unit.name : "")));
     }
     const xstep = niceStep(xmax, Math.max(2, Math.floor((w - m.l) / 90)));
     for (let v = 0; v <= xmax; v += xstep) {
@@ -360,13 +616,20 @@
   }
 
   function legend(fig, json) {
-    const counts = runsOf(json).map((r) => r.oom_events);   // the table's counts, in the same order
-    return el("ul", { class: "memlab-doctor-legend" }, fig.runs.map((r, k) => el("li", {}, [
-      el("span", { class: "memlab-doctor-swatch", style: "background:" + PALETTE[k % PALETTE.length] }),
-      el("code", { text: r.label }),
-      document.createTextNode(" peak " + formatBytes(r.peak_reserved_bytes) +
-        (counts[k] ? ", " + counts[k] + " OOM" + (counts[k] > 1 ? "s" : "") : "")),
-    ])));
+    const unit = figureUnit(fig);
+    const shown = runsOf(json);   // the table's figures, in the same order
+    return el("ul", { class: "memlab-doctor-legend" }, fig.runs.map((r, k) => {
+      const x = shown[k] || r;
+      const rng = range(x, "peak_reserved_bytes");
+      const ooms = x.oom_events;
+      return el("li", {}, [
+        el("span", { class: "memlab-doctor-swatch", style: "background:" + PALETTE[k % PALETTE.length] }),
+        breakable(r.label),
+        document.createTextNode(" peak " + (rng ? inUnit(rng[0], unit) + " to " + inUnit(rng[1], unit)
+                                                : inUnit(r.peak_reserved_bytes, unit)) +
+          (ooms ? ", " + between(x, "oom_events") + " OOM" + (ooms > 1 || range(x, "oom_events") ? "s" : "") : "")),
+      ]);
+    }));
   }
 
   function segmentMap(d, width) {
@@ -392,7 +655,7 @@
         s.append(r);
         if (bw > 58) {
           s.append(svg("text", { x: (x + bw / 2).toFixed(1), y: y + rowH / 2 + 3, "text-anchor": "middle",
-                                 class: "memlab-doctor-blocklabel" + (b.state === "inactive" ? " memlab-doctor-dark" : "") },
+                                 class: "memlab-doctor-blocklabel" + (b.state !== "active_allocated" ? " memlab-doctor-dark" : "") },
                        formatBytes(b.size, 3)));
         }
         off += b.size;
@@ -411,7 +674,7 @@
     const names = (list) => list.length ? list.map((x) => x || "defaults").join(", ") : "none of the settings tried";
     return el("section", { class: "memlab-doctor-oom", "data-key": "oom" }, [
       el("h3", { text: "Why the run ran out of memory" }),
-      el("pre", { class: "memlab-doctor-prose", text: answer.oom_text || JSON.stringify(o, null, 1) }),
+      el("pre", { class: "memlab-doctor-prose", text: pageWords(answer.oom_text || JSON.stringify(o, null, 1)) }),
       o.fits_under && o.fits_under.length ? el("p", {}, [document.createTextNode("It would have fitted under: "),
         el("code", { text: names(o.fits_under) })]) : null]);
   }
@@ -421,29 +684,30 @@
     if (!s) return null;
     const rows = (s.rows || []).slice(0, 10);
     const rec = (s.recorded || {}).settings;
-    const signed = (b) => (b > 0 ? "−" : b < 0 ? "+" : "") + formatBytes(Math.abs(b));
     const table = el("div", { class: "memlab-scroll" }, [el("table", { class: "memlab-doctor-table" }, [
       el("thead", {}, [el("tr", {}, ["setting", "peak reserved", "final reserved", "OOMs", "peak vs yours"].map(
         (h, i) => el("th", { scope: "col", class: i ? "memlab-num" : "", text: h })))]),
       el("tbody", {}, rows.map((r) => el("tr", { class: s.best && r.settings === s.best.settings ? "memlab-doctor-best" : "" }, [
-        el("th", { scope: "row" }, [breakable((r.settings || "defaults") + (r.settings === rec ? " (yours)" : ""))]),
-        el("td", { class: "memlab-num", text: formatBytes(r.peak_reserved_bytes) }),
-        el("td", { class: "memlab-num", text: formatBytes(r.final_reserved_bytes) }),
-        el("td", { class: "memlab-num", text: String(r.oom_events) }),
-        el("td", { class: "memlab-num", text: signed(r.saved_bytes) })])))])]);
+        rowLabel((r.settings || "defaults") + (r.settings === rec ? " (yours)" : ""), r),
+        numCell(between(r, "peak_reserved_bytes"), range(r, "peak_reserved_bytes")),
+        numCell(between(r, "final_reserved_bytes"), range(r, "final_reserved_bytes")),
+        numCell(between(r, "oom_events"), range(r, "oom_events")),
+        numCell(savedText(r), r.exact === false && r.saved_range_bytes &&
+                r.saved_range_bytes[0] !== r.saved_range_bytes[1])])))])]);
     const verdict = s.best && s.alloc_conf
-      ? el("p", {}, [document.createTextNode("Use: "), el("code", { class: "memlab-doctor-conf", text: s.alloc_conf })])
+      ? el("p", {}, [document.createTextNode("Use: "), breakable(s.alloc_conf, "memlab-doctor-conf")])
       : el("p", { text: "No setting of the grid beats the one you ran with (" + (rec || "defaults") + "): keep it." });
     return el("section", { class: "memlab-doctor-suggestion", "data-key": "suggestion" }, [
       el("h3", { text: "Suggested setting" }), verdict,
       el("p", { class: "memlab-doctor-note", text: (s.rows || []).length + " settings replayed, best first" +
-        ((s.rows || []).length > 10 ? " (10 shown; all in the download)" : "") + "." }), table]);
+        ((s.rows || []).length > 10 ? " (10 shown; all in the download)" : "") + "." }), table,
+      uncertainNote(rows, (x) => x.settings || "defaults") || ""]);
   }
 
   function extraSections(json) {
     // Sections a later --json may add: each shown as given, a list of records as a table, text as text.
-    const known = new Set(["format", "trace_events", "settings", "device_total_bytes", "cap_bytes", "cap_source",
-                           "replay", "what_if", "oom", "suggestion"]);
+    const known = new Set(["format", "trace_events", "settings", "device_total_bytes", "device_total_source", "cap_bytes",
+                           "cap_source", "allocator_rule", "warnings", "replay", "what_if", "oom", "suggestion"]);
     const out = [];
     for (const [key, value] of Object.entries(json)) {
       if (known.has(key) || value === null || value === undefined) continue;
@@ -482,35 +746,155 @@
 
   function showResult(answer) {
     const json = answer.json;
-    const blob = new Blob([answer.json_text], { type: "application/json" });
-    const download = el("a", { href: URL.createObjectURL(blob), download: file.name.replace(/\.[^.]*$/, "") + ".doctor.json",
-                                class: "memlab-doctor-download", text: "Download the result (the command line's --json)" });
-    const cmd = ["python", "-m", "experiments"].concat(answer.argv).map(shellQuote).join(" ");
     lastFigure = answer.figure;
     lastDetails = null;
-    const secs = answer.seconds;
+    const pending = answer.early && answer.grid;
     results.replaceChildren(
-      oomSection(answer) || "",
-      suggestionSection(json) || "",
+      oomSection(answer) || (pending === "oom" ? gridSection("oom") : ""),
+      suggestionSection(json) || (pending === "suggest" ? gridSection("suggest") : ""),
       el("h3", { text: "The settings side by side" }),
-      settingsTable(json),
+      settingsTable(json, answer),
       el("figure", { class: "memlab-doctor-figure" }, [
         el("div", { class: "memlab-doctor-plot" }),
         legend(answer.figure, json),
         el("figcaption", { text: "Reserved (solid) and allocated (dashed) memory after each request, for every setting; " +
                                   "ticks on the axis mark requests that ran out of memory." })]),
-      ...extraSections(json),
-      el("p", {}, [download]),
-      el("p", { class: "memlab-doctor-note" }, [document.createTextNode("The same as "), el("code", { text: cmd }),
-        document.createTextNode(" on your machine. Here: replay " + (secs.replay || 0).toFixed(2) + " s" +
-          (secs.what_if.length ? ", what-ifs " + secs.what_if.map((t) => t.toFixed(2) + " s").join(", ") : "") +
-          (secs.grid && secs.grid.length ? ", the suggestion's " + secs.grid.length + " settings " +
-            secs.grid.reduce((a, b) => a + b, 0).toFixed(1) + " s" : "") + ".")]),
+      el("div", { "data-key": "extras" }, extraSections(json)),
+      downloadPart(answer),
       el("div", { class: "memlab-doctor-details" }, [el("p", { class: "memlab-doctor-note", text: "The report and the segments at the peak follow\u2026" })]),
     );
     results.hidden = false;
     results.dataset.json = answer.json_text;
     drawPlots();
+  }
+
+  // The recorded run replayed, before the what-ifs (a long trace): its row, its line.
+  function showReplay(answer) {
+    lastFigure = answer.figure;
+    lastDetails = null;
+    results.replaceChildren(
+      el("h3", { text: "The settings side by side" }),
+      settingsTable(answer.json, answer),
+      el("figure", { class: "memlab-doctor-figure" }, [
+        el("div", { class: "memlab-doctor-plot" }),
+        legend(answer.figure, answer.json),
+        el("figcaption", { text: "Reserved (solid) and allocated (dashed) memory after each request, as recorded; " +
+                                  "the what-ifs are added as they finish." })]));
+    results.hidden = false;
+    drawPlots();
+  }
+
+  // The download of the --json object and the command that prints it, with the times here.
+  function downloadPart(answer) {
+    const blob = new Blob([answer.json_text], { type: "application/json" });
+    const early = answer.early && answer.grid;
+    const download = el("a", { href: URL.createObjectURL(blob), download: file.name.replace(/\.[^.]*$/, "") + ".doctor.json",
+                                class: "memlab-doctor-download",
+                                text: early ? "Download the result so far (the command line's --json without the " +
+                                              (answer.grid === "oom" ? "explanation of the out-of-memory error" : "suggestion") + ")"
+                                            : "Download the result (the command line's --json)" });
+    const cmd = ["python", "-m", "experiments"].concat(answer.argv).map(shellQuote).join(" ");
+    const secs = answer.seconds;
+    return el("div", { "data-key": "download" }, [
+      el("p", {}, [download]),
+      el("p", { class: "memlab-doctor-note" }, [document.createTextNode(
+        early && answer.grid === "oom" ? "The command " : "The same as "), el("code", { text: cmd }),
+        document.createTextNode((early && answer.grid === "oom" ? " on your machine gives this and explains the error. "
+                                                                : " on your machine. ") +
+          "Here: " + (secs.read ? "reading " + secs.read.toFixed(2) + " s, " : "") + "replay " + (secs.replay || 0).toFixed(2) + " s" +
+          (secs.what_if.length ? ", what-ifs " + secs.what_if.map((t) => t.toFixed(2) + " s").join(", ") : "") +
+          (secs.grid && secs.grid.length ? ", the grid's " + secs.grid.length + " settings " +
+            secs.grid.reduce((a, b) => a + b, 0).toFixed(1) + " s" : "") + ".")])]);
+  }
+
+  // The whole answer after the first: the OOM explanation and the suggestion take the grid's
+  // place, the download becomes the command line's full answer; the rest is unchanged.
+  function completeResult(answer) {
+    const json = answer.json;
+    const swap = (key, node) => {
+      const old = results.querySelector(':scope > [data-key="' + key + '"]');
+      if (old && node) old.replaceWith(node);
+      else if (old) old.remove();
+      return !!old;
+    };
+    const oom = oomSection(answer);
+    if (!swap("oom", oom) && oom) results.prepend(oom);
+    const sug = suggestionSection(json);
+    if (!swap("suggestion", sug) && sug) results.querySelector(':scope > h3').before(sug);
+    swap("extras", el("div", { "data-key": "extras" }, extraSections(json)));
+    swap("download", downloadPart(answer));
+    results.dataset.json = answer.json_text;
+    drawPlots();
+  }
+
+  const GRID_COLUMNS = ["setting", "peak reserved", "final reserved", "OOMs", "peak vs yours"];
+
+  function gridCells(r, label) {
+    return [
+      rowLabel(label, r),
+      numCell(between(r, "peak_reserved_bytes"), range(r, "peak_reserved_bytes")),
+      numCell(between(r, "final_reserved_bytes"), range(r, "final_reserved_bytes")),
+      numCell(between(r, "oom_events"), range(r, "oom_events")),
+      numCell(r.saved_bytes === undefined ? "" : savedText(r),
+              r.exact === false && r.saved_range_bytes && r.saved_range_bytes[0] !== r.saved_range_bytes[1])];
+  }
+
+  // While the grid runs: what it is for, its settings as they finish, and a way to stop it.
+  function gridSection(why) {
+    const stop = el("button", { type: "button", class: "memlab-doctor-stop-grid", text: "Stop the ranking" });
+    stop.addEventListener("click", stopRun);
+    return el("section", { class: "memlab-doctor-gridrun " + (why === "oom" ? "memlab-doctor-oom" : "memlab-doctor-suggestion"),
+                           "data-key": why === "oom" ? "oom" : "suggestion", "aria-busy": "true" }, [
+      el("h3", { text: why === "oom" ? "Why the run ran out of memory" : "Suggested setting" }),
+      el("p", { class: "memlab-doctor-grid-status", text: why === "oom"
+        ? "The run ran out of memory. To say which settings would have fitted, the doctor replays a grid of " +
+          "settings; the figures below are complete, the explanation follows."
+        : "Ranking a grid of settings; the figures below are complete, the suggestion follows once every setting " +
+          "has been replayed." }),
+      el("p", {}, [stop]),
+      el("div", { class: "memlab-scroll", hidden: true }, [el("table", { class: "memlab-doctor-table" }, [
+        el("thead", {}, [el("tr", {}, GRID_COLUMNS.map((h, i) => el("th", { scope: "col", class: i ? "memlab-num" : "", text: h })))]),
+        el("tbody")])])]);
+  }
+
+  function showGridSoFar(count) {
+    const box = results.querySelector(".memlab-doctor-gridrun");
+    if (!box) return;
+    const last = gridRows[gridRows.length - 1];
+    const body = box.querySelector("tbody");
+    body.append(el("tr", {}, gridCells(last.row, last.settings || "defaults")));
+    body.closest(".memlab-scroll").hidden = false;
+    box.querySelector(".memlab-doctor-grid-status").textContent = gridRows.length + " of " + count +
+      " settings replayed" + (gridRows.length < count ? "" : " (more may follow: combinations of the best)") +
+      ", in the order run; " + (gridWhy === "oom" ? "the explanation follows." : "ranked once all are done.");
+  }
+
+  // Stop: the worker ends (Python starts again at the next run); a first answer already shown stays.
+  function stopRun() {
+    if (worker) worker.terminate();
+    worker = null;
+    const kept = phase === "early";
+    setBusy(false);
+    const box = results.querySelector(".memlab-doctor-gridrun");
+    if (kept && box) {
+      box.removeAttribute("aria-busy");
+      const b = box.querySelector(".memlab-doctor-stop-grid");
+      if (b) b.parentElement.remove();
+      box.querySelector(".memlab-doctor-grid-status").textContent = "Stopped after " + gridRows.length +
+        " setting" + (gridRows.length === 1 ? "" : "s") + " of the grid" +
+        (gridRows.length ? " (below, in the order run, not ranked)" : "") + ": " +
+        (gridWhy === "oom" ? "the explanation needs the whole grid. " : "the suggestion needs the whole grid. ") +
+        "The figures below are complete. Run again for the rest; Python starts again first.";
+      if (!lastDetails) {
+        results.querySelector(".memlab-doctor-details").replaceChildren(el("p", { class: "memlab-doctor-note",
+          text: "Stopped before the report and the segments at the peak were written." }));
+      }
+      root.dataset.state = "stopped";
+    } else {
+      errorBox.textContent = "Stopped. Python is loaded again at the next run.";
+      errorBox.hidden = false;
+    }
+    phase = null;
   }
 
   function showDetails(d) {
@@ -528,7 +912,24 @@
     drawPlots();
   }
 
+  // A report wider than its column says that it scrolls (on a phone it wraps instead: doctor.css).
+  function reportCue() {
+    const pre = results.querySelector(".memlab-doctor-report");
+    if (!pre) return;
+    let cue = pre.previousElementSibling && pre.previousElementSibling.classList.contains("memlab-scroll-cue")
+      ? pre.previousElementSibling : null;
+    const wide = pre.scrollWidth > pre.clientWidth + 1;
+    if (wide && !cue) {
+      cue = el("p", { class: "memlab-scroll-cue memlab-doctor-note",
+                      text: "The report is wider than this column: scroll it sideways \u2192" });
+      pre.before(cue);
+    } else if (!wide && cue) {
+      cue.remove();
+    }
+  }
+
   function drawPlots() {
+    reportCue();
     const plot = results.querySelector(".memlab-doctor-plot");
     if (plot && lastFigure) plot.replaceChildren(timeline(lastFigure, Math.max(280, plot.clientWidth)));
     const seg = results.querySelector(".memlab-doctor-segmap");
@@ -565,11 +966,5 @@
     choose(e.dataTransfer.files[0]);
   });
   runButton.addEventListener("click", run);
-  stopButton.addEventListener("click", () => {
-    if (worker) worker.terminate();
-    worker = null;
-    setBusy(false);
-    errorBox.textContent = "Stopped. Python is loaded again at the next run.";
-    errorBox.hidden = false;
-  });
+  stopButton.addEventListener("click", stopRun);
 })();

@@ -6,6 +6,12 @@
 //        {type: "details"}                        the report's text and the peak's segments
 //   out: {type: "stage", text, step, steps}       progress while loading and running
 //        {type: "ready", seconds, marks}          Python and the doctor are loaded (ms per step)
+//        {type: "replay", answer}                 the recorded run replayed, before the what-ifs
+//                                                 (doctor_worker.replay_answer)
+//        {type: "early", answer}                  the replay and the what-ifs, before the grid
+//                                                 (doctor_worker.early_answer)
+//        {type: "details", answer}                after "early" too, before the grid
+//        {type: "grid", answer}                   each setting of the grid as it finishes
 //        {type: "result", answer}                 doctor_worker.run_json's answer
 //        {type: "details", answer}                doctor_worker.details_json's answer
 //        {type: "fatal", message}                 Pyodide could not start or died
@@ -87,8 +93,11 @@ async function runFile(msg) {
   py.runPython("import os; os.chdir('/snapshots')");
   let n = 0;
   const progress = (text) => stage(text, ++n, 0);
+  // What is ready before the end goes to the page at once: it shows the first answer while the
+  // grid runs (a worker busy in Python cannot be asked to stop; the page ends it instead).
+  const partial = (kind, answer) => postMessage({ type: kind, answer });
   try {
-    const answer = driver.run_json(name, JSON.stringify(msg.request), progress);
+    const answer = driver.run_json(name, JSON.stringify(msg.request), progress, partial);
     postMessage({ type: "result", answer });
   } finally {
     py.FS.unlink("/snapshots/" + name);  // the trace is in Python's memory now: free the copy

@@ -4,7 +4,13 @@
  *    controls to the nearest recorded point, and says so, so no choice leads nowhere.
  *    A hidden view's images carry data-src/data-srcset: they are fetched when it is shown.
  * 2. Figures shown clearly smaller than the screen could show them open in a dialog, at
- *    most as large as the screen, on a click, a tap or Enter.
+ *    most as large as the screen, on a click, a tap or Enter; Escape, a click or a tap closes
+ *    it (sphinx_highlight.js cancels Escape's default on the page, so the dialog handles the
+ *    key itself).
+ * 3. Answers: an explorer view that is an exercise's answer (data-answer-to, set by
+ *    book/_ext/memlab_book.py) shows a note instead of its figure until the reader has opened
+ *    that exercise's solution or its answer fold (remembered in localStorage); an explorer
+ *    whose first view is an answer starts at the nearest other one.
  */
 (function () {
   "use strict";
@@ -101,6 +107,50 @@
     });
   }
 
+  // ----------------------------------------------------------------- answers
+
+  const OPENED = "memlab-answer-opened:";
+
+  function opened(label) {
+    try { return window.localStorage.getItem(OPENED + location.pathname + "#" + label) === "1"; }
+    catch (e) { return !!opened.mem[label]; }
+  }
+  opened.mem = {};
+
+  function exerciseName(label) {
+    const ex = document.getElementById(label);
+    const title = ex && ex.querySelector(".admonition-title");
+    const text = title ? title.textContent.trim().replace(/\s+/g, " ") : "";
+    const m = text.match(/^Exercise [\d.]+/);
+    return m ? m[0] : "the exercise";
+  }
+
+  function locked(view) {
+    return !!view.el.dataset.answerTo && !opened(view.el.dataset.answerTo);
+  }
+
+  function showLock(view) {
+    let note = view.el.querySelector(":scope > .memlab-answer-note");
+    const label = view.el.dataset.answerTo;
+    if (!note) {
+      note = document.createElement("p");
+      note.className = "memlab-answer-note";
+      const a = document.createElement("a");
+      a.href = "#" + label;
+      a.textContent = exerciseName(label);
+      note.append("This setting is the answer to ", a,
+        ". Its figure shows here once you have opened that exercise's solution or its answer.");
+      view.el.prepend(note);
+    }
+    view.el.classList.add("memlab-locked");
+  }
+
+  function hideLock(view) {
+    view.el.classList.remove("memlab-locked");
+    const note = view.el.querySelector(":scope > .memlab-answer-note");
+    if (note) note.remove();
+  }
+
   function update(explorer, state, changed) {
     const chosen = {};
     state.controls.forEach(function (c) { chosen[c.name] = read(c); });
@@ -125,7 +175,10 @@
     state.controls.forEach(showRange);
     state.views.forEach(function (v) {
       v.el.hidden = v !== match;
-      if (v === match) reveal(v.el);
+      if (v !== match) return;
+      if (locked(v)) { showLock(v); return; }
+      hideLock(v);
+      reveal(v.el);
     });
     if (status) status.textContent = note;
     const missing = explorer.querySelector(".memlab-explorer-missing");
@@ -145,7 +198,60 @@
       function changedBy(ev) { return ev.target && ev.target.dataset ? ev.target.dataset.param : undefined; }
       form.addEventListener("input", function (ev) { update(explorer, state, changedBy(ev)); });
       form.addEventListener("change", function (ev) { update(explorer, state, changedBy(ev)); });
+      startAway(state);
       update(explorer, state, undefined);
+      explorer.memlabRefresh = function () { state.shown = null; update(explorer, state, undefined); };
+    });
+  }
+
+  // An explorer whose first view is an exercise's answer starts at the nearest other view.
+  function startAway(state) {
+    const chosen = {};
+    state.controls.forEach(function (c) { chosen[c.name] = read(c); });
+    const first = state.views.filter(function (v) {
+      return state.controls.every(function (c) { return same(v.point[c.name], chosen[c.name]); });
+    })[0];
+    if (!first || !locked(first)) return;
+    let best = null, bestCost = null;
+    state.views.forEach(function (v) {
+      if (locked(v)) return;
+      let cost = 0;
+      state.controls.forEach(function (c) { cost += Math.abs(indexOf(c, v.point[c.name]) - indexOf(c, chosen[c.name])); });
+      if (bestCost === null || cost < bestCost) { best = v; bestCost = cost; }
+    });
+    if (best) state.controls.forEach(function (c) { write(c, best.point[c.name]); });
+  }
+
+  // The reader opened a solution or an answer fold: its exercise's views unlock.
+  function unlock(label) {
+    if (!label || opened(label)) return;
+    try { window.localStorage.setItem(OPENED + location.pathname + "#" + label, "1"); }
+    catch (e) { opened.mem[label] = true; }
+    document.querySelectorAll(".memlab-explorer").forEach(function (ex) {
+      if (ex.querySelector('[data-answer-to="' + CSS.escape(label) + '"]') && ex.memlabRefresh) ex.memlabRefresh();
+    });
+  }
+
+  function solutionLabel(solution) {
+    const a = solution.querySelector('.admonition-title a[href^="#"], .memlab-solution-back a[href^="#"]');
+    return a ? a.getAttribute("href").slice(1) : null;
+  }
+
+  function setupAnswers() {
+    const labels = new Set(Array.prototype.map.call(document.querySelectorAll("[data-answer-to]"),
+                                                    function (v) { return v.dataset.answerTo; }));
+    if (!labels.size) return;
+    // sphinx-togglebutton adds its button (aria-expanded) when the DOM is loaded, maybe after this
+    document.querySelectorAll(".solution").forEach(function (sol) {
+      new MutationObserver(function () {
+        const button = sol.querySelector(".toggle-button");
+        if (button && button.getAttribute("aria-expanded") === "true") unlock(solutionLabel(sol));
+      }).observe(sol, { attributes: true, subtree: true, attributeFilter: ["aria-expanded"] });
+    });
+    labels.forEach(function (label) {
+      document.querySelectorAll(".memlab-answer-to-" + CSS.escape(label) + " details").forEach(function (d) {
+        d.addEventListener("toggle", function () { if (d.open) unlock(label); });
+      });
     });
   }
 
@@ -166,6 +272,11 @@
       zoom.className = "memlab-zoom";
       zoom.setAttribute("aria-label", "Figure enlarged (press Escape or tap to close)");
       zoom.addEventListener("click", function () { zoom.close(); });
+      // sphinx_highlight.js calls preventDefault() on every Escape keydown of the page, which
+      // stops the dialog's own close: close it here, before the event reaches the document.
+      zoom.addEventListener("keydown", function (ev) {
+        if (ev.key === "Escape") { ev.stopPropagation(); ev.preventDefault(); zoom.close(); }
+      });
       document.body.appendChild(zoom);
     }
     zoom.innerHTML = "";
@@ -213,5 +324,5 @@
   function ready(fn) {
     if (document.readyState !== "loading") fn(); else document.addEventListener("DOMContentLoaded", fn);
   }
-  ready(function () { setupZoom(); setupExplorers(); });
+  ready(function () { setupZoom(); setupExplorers(); setupAnswers(); });
 })();

@@ -11,6 +11,13 @@
  * 4. Identifiers in tables (issue #19): claim ids and check names break after a dot or an
  *    underscore (a <wbr> there), never inside a word; memlab.css turns off the break
  *    anywhere that long inline code gets elsewhere.
+ * 5. Tables on narrow screens: a table wider than its column is made compact
+ *    (smaller text, cells wrap between words), and one still too wide is stacked, a card per
+ *    row with each cell under its column's name (memlab.css); a box that still scrolls says so.
+ *    Checked again when the width changes.
+ * 6. Search results: the snippets under each result come from the page's text
+ *    without its solutions and the outputs that answer an exercise (sphinx's searchtools.js
+ *    reads the whole page).
  * Explorers and figure zoom: memlab-figures.js.
  */
 (function () {
@@ -92,8 +99,82 @@
     });
   }
 
+  /* ---- 5. Tables on narrow screens: compact, then stacked, or a word that they scroll. ---- */
+  const TABLES = "article .cell_output table, article table.table";
+
+  function tooWide(table) {
+    const box = table.closest(".output, .pst-scrollable-table-container, .table-wrapper, .cell_output, .memlab-scroll") || table.parentElement;
+    return table.getBoundingClientRect().width > box.clientWidth + 1 || box.scrollWidth > box.clientWidth + 1;
+  }
+
+  function labelCells(table) {
+    if (table.dataset.memlabLabelled) return true;
+    const head = table.tHead && table.tHead.rows[0];
+    if (!head) return false;
+    const names = Array.prototype.map.call(head.cells, function (c) { return c.textContent.trim(); });
+    Array.prototype.forEach.call(table.tBodies, function (body) {
+      Array.prototype.forEach.call(body.rows, function (row) {
+        if (row.cells.length !== names.length) return;  // a group heading spans the row
+        Array.prototype.forEach.call(row.cells, function (cell, i) { if (names[i]) cell.dataset.label = names[i]; });
+      });
+    });
+    table.dataset.memlabLabelled = "1";
+    return true;
+  }
+
+  function fitTable(table) {
+    table.classList.remove("memlab-compact", "memlab-stacked");
+    const old = table.parentElement && table.parentElement.querySelector(":scope > .memlab-scroll-cue");
+    if (!table.offsetParent) return;
+    if (tooWide(table)) table.classList.add("memlab-compact");
+    if (tooWide(table) && labelCells(table)) {
+      table.classList.remove("memlab-compact");
+      table.classList.add("memlab-stacked");
+    }
+    const scrolls = tooWide(table);
+    if (scrolls && !old) {
+      const cue = document.createElement("p");
+      cue.className = "memlab-scroll-cue";
+      cue.textContent = "This table is wider than the screen: scroll it sideways \u2192";
+      table.before(cue);
+    } else if (!scrolls && old) {
+      old.remove();
+    }
+  }
+
+  function setupTables() {
+    const tables = document.querySelectorAll(TABLES);
+    if (!tables.length) return;
+    const fitAll = function () { tables.forEach(fitTable); };
+    fitAll();
+    let timer = null;
+    window.addEventListener("resize", function () { clearTimeout(timer); timer = setTimeout(fitAll, 100); });
+    // a table in a fold is measured when the fold opens
+    document.addEventListener("toggle", function (ev) {
+      if (ev.target.open) ev.target.querySelectorAll("table").forEach(fitTable);
+    }, true);
+    document.addEventListener("click", function () { setTimeout(fitAll, 50); }, { passive: true });
+  }
+
+  /* ---- 6. Search result snippets without solutions or answers. ---- */
+  const ANSWERS = ".solution, .memlab-answer, [data-answer-to]";
+
+  function setupSearchSnippets() {
+    // sphinx's searchtools.js declares Search with const: a global of the page, not of window
+    if (typeof Search === "undefined" || typeof Search.htmlToText !== "function") return;
+    const original = Search.htmlToText;
+    Search.htmlToText = function (htmlString, anchor) {
+      const doc = new DOMParser().parseFromString(htmlString, "text/html");
+      doc.querySelectorAll(ANSWERS).forEach(function (e) { e.remove(); });
+      return original("<!DOCTYPE html>" + doc.documentElement.outerHTML, anchor);
+    };
+  }
+
   function ready(fn) {
     if (document.readyState !== "loading") fn(); else document.addEventListener("DOMContentLoaded", fn);
   }
-  ready(function () { setupMenus(); setupSolutionTitles(); setupDrawerLinks(); setupIdentifierBreaks(); });
+  ready(function () {
+    setupMenus(); setupSolutionTitles(); setupDrawerLinks(); setupIdentifierBreaks(); setupTables();
+    setupSearchSnippets();
+  });
 })();

@@ -145,11 +145,8 @@ al.plot_timeline(timeline)
 # reserved. The final `empty_cache()` brings both back to zero because by then every
 # segment is entirely free. The dotted line is the model, step by step.
 #
-# Change the settings below: `small_mib=8` gives 8 MiB and 16 MiB tensors, and
-# `expandable` turns on expandable segments ({ref}`ch1-expandable`).
-
-# %% memlab={"reveals": "ex-alloc-predict-timeline", "points": [{"small_mib": 8}]}
-ex.panel("alloc.timeline", al.plot_timeline)
+# The explorer of this experiment comes after the next exercise's check cell: one of its
+# settings is the exercise's answer.
 
 # %% [markdown]
 # ```{exercise} Predict, then run: 8 MiB and 16 MiB tensors
@@ -158,12 +155,17 @@ ex.panel("alloc.timeline", al.plot_timeline)
 # Repeat the experiment with `small_mib=8`: eight 8 MiB tensors and four 16 MiB ones,
 # default settings. Predict the reserved memory in MiB at the end of the second
 # allocation phase, once with the 8 MiB tensors first and once with the 16 MiB tensors
-# first. Put your two numbers in the check below, then run the experiment in the cell
-# after it.
+# first. Put your two numbers in the check below. The explorer after it offers
+# `small_mib=8` (8 MiB and 16 MiB tensors) and `expandable` (expandable segments,
+# {ref}`ch1-expandable`); its `small_mib=8` figures show once you have opened the answer
+# or the solution below.
 # ```
 
 # %%
 al.check_timeline_prediction(None, None)  # (small first, large first), in MiB
+
+# %% memlab={"reveals": "ex-alloc-predict-timeline", "points": [{"small_mib": 8}]}
+ex.panel("alloc.timeline", al.plot_timeline)
 
 # %% tags=["hide-output"] mystnb={"code_prompt_show": "Show the answer", "code_prompt_hide": "Hide the answer"} memlab={"reveals": "ex-alloc-predict-timeline"}
 al.plot_timeline(ex.run("alloc.timeline", small_mib=8))

@@ -335,7 +335,7 @@ streams.runahead_table(sweep)
 # your own GPU you can also change the number of layers, the buffer size and the buffers
 # kept in flight (the recording has the chapter's 32 layers of 64 MiB):
 
-# %%
+# %% memlab={"reveals": "ex-streams-allocated", "points": [{"strategy": "record_stream", "consumer_ms": 10.0, "host_delay_ms": 0.0}]}
 ex.panel("streams.pipeline", streams.plot_pipeline,
          params=["strategy", "consumer_ms", "host_delay_ms", "layers", "buffer_mib", "in_flight"])
 

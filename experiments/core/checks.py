@@ -58,8 +58,9 @@ class Feedback:
     def _repr_html_(self) -> str:
         color = {True: "#1b6e3a", False: "#b5403a", None: "#7a4b00"}[self.correct]
         icon = {True: "✔", False: "✘", None: "…"}[self.correct]
+        kind = {True: "memlab-ok", False: "memlab-bad", None: "memlab-pending"}[self.correct]  # the book's dark scheme
         return (f"<div style='border-left:4px solid {color};padding:4px 10px'>"
-                f"<b style='color:{color}'>{icon} {self.status}</b>: {html.escape(self.message)}</div>")
+                f"<b class='{kind}' style='color:{color}'>{icon} {self.status}</b>: {html.escape(self.message)}</div>")
 
 
 def unanswered(what: str) -> Feedback:

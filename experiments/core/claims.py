@@ -179,13 +179,15 @@ class ClaimsTable:
 
     def _repr_html_(self) -> str:
         colors = {"holds": "#1b6e3a", "does not hold": "#b5403a", "not measured": "#7a4b00"}
+        # classes for the book's dark scheme, which recolours them (book/_static/memlab.css)
+        kinds = {"holds": "memlab-ok", "does not hold": "memlab-bad", "not measured": "memlab-pending"}
         rows = []
         for r in self.results:
             v = self.verdict(r)
             rows.append(
                 "<tr>"
                 f"<td><code>{html.escape(r.id)}</code></td>"
-                f"<td style='color:{colors[v]};font-weight:bold'>{v}</td>"
+                f"<td class='{kinds[v]}' style='color:{colors[v]};font-weight:bold'>{v}</td>"
                 f"<td>{html.escape(r.statement)} <a href='{html.escape(r.source)}'>source</a></td>"
                 f"<td>{html.escape(format_measured(r.measured))}</td>"
                 f"<td style='font-size:85%'>{html.escape(self._where(r))}</td>"

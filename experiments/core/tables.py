@@ -87,7 +87,8 @@ class Table:
                 body.append(f"<tr><td colspan='{len(self.columns)}' style='padding:8px 8px 2px;font-weight:bold'>"
                             f"{html.escape(g)}</td></tr>")
                 group = g
-            style = " style='background:#fbeaea'" if hi else ""
+            # the class lets the book's dark scheme recolour it (book/_static/memlab.css)
+            style = " class='memlab-highlight' style='background:#fbeaea'" if hi else ""
             body.append(f"<tr{style}>" + "".join(self._cell(i, c) for i, c in enumerate(r)) + "</tr>")
         cap = ("<caption style='caption-side:bottom;font-size:85%;color:#555;text-align:left'>"
                + html.escape(self.caption).replace("\n", "<br>") + "</caption>") if self.caption else ""
