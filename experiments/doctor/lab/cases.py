@@ -25,7 +25,7 @@ from ...core.registry import Param, experiment
 from ...core.units import GiB, MiB
 from ..reading.trace import compact_snapshot
 from .programs import PROGRAMS
-from .recorder import Recorder, gpu_stats, start_history
+from .recorder import Recorder, fresh_compile_caches, gpu_stats, start_history
 
 # case -> (memory cap in bytes or None, settings it is recorded under). The first setting is
 # always the defaults: that run is what a reader would have recorded; the others are what the
@@ -87,13 +87,7 @@ def case_worker(case: str, frames: bool = False, pickle_path: str | None = None)
     if case not in PROGRAMS:
         raise ValueError(f"case must be one of {sorted(PROGRAMS)}, got {case!r}")
     if case in COMPILED:
-        # Each run compiles from scratch: a warm Inductor or Triton cache (another setting's
-        # process of the same recording) skips work that allocates, and the runs would differ.
-        import tempfile
-
-        fresh = tempfile.mkdtemp(prefix="memlab-inductor-")
-        os.environ.update(TORCHINDUCTOR_CACHE_DIR=fresh, TRITON_CACHE_DIR=os.path.join(fresh, "triton"),
-                          TORCHINDUCTOR_FX_GRAPH_CACHE="0", TORCHINDUCTOR_AUTOGRAD_CACHE="0")
+        fresh_compile_caches()   # each run compiles from scratch
     import torch
 
     from ...core.device import cap_memory

@@ -38,7 +38,7 @@ from typing import Any, Callable
 from ...core.registry import Param, experiment
 from ...core.units import MiB
 from ..reading.trace import compact_snapshot
-from .recorder import Recorder, gpu_stats, sleep_ms, warm_streams
+from .recorder import Recorder, fresh_compile_caches, gpu_stats, sleep_ms, warm_streams
 
 # case -> (memory cap in bytes or None, the settings it is recorded under; the first is the
 # reader's run, the others the GPU's answers to the what-ifs)
@@ -347,11 +347,7 @@ def heldout_worker(case: str, pickle_path: str | None = None) -> dict[str, Any]:
     if case not in PROGRAMS:
         raise ValueError(f"case must be one of {sorted(PROGRAMS)}, got {case!r}")
     if case in COMPILED:
-        import tempfile
-
-        fresh = tempfile.mkdtemp(prefix="memlab-inductor-")
-        os.environ.update(TORCHINDUCTOR_CACHE_DIR=fresh, TRITON_CACHE_DIR=os.path.join(fresh, "triton"),
-                          TORCHINDUCTOR_FX_GRAPH_CACHE="0", TORCHINDUCTOR_AUTOGRAD_CACHE="0")
+        fresh_compile_caches()   # each run compiles from scratch
     import torch
 
     torch.cuda.init()

@@ -42,6 +42,19 @@ class Recorder:
         self.phases.append({"phase": name, "trace_index": n, **gpu_stats()})
 
 
+def fresh_compile_caches() -> str:
+    """Point Inductor's and Triton's caches at a new empty folder, for this process: a warm
+    cache (another setting's process of the same recording) skips compile work that
+    allocates, and the runs would differ. Returns the folder. Call before torch compiles."""
+    import os
+    import tempfile
+
+    fresh = tempfile.mkdtemp(prefix="memlab-inductor-")
+    os.environ.update(TORCHINDUCTOR_CACHE_DIR=fresh, TRITON_CACHE_DIR=os.path.join(fresh, "triton"),
+                      TORCHINDUCTOR_FX_GRAPH_CACHE="0", TORCHINDUCTOR_AUTOGRAD_CACHE="0")
+    return fresh
+
+
 def start_history(max_entries: int, frames: bool = False) -> None:
     """Turn on the allocation history (``_record_memory_history``): every request with its
     Python stack (``frames``: the full context, as readers' snapshots usually have it)."""
