@@ -216,8 +216,10 @@ def plot_fsdp_replay(pairs: Sequence[tuple[Result, Any]]) -> Any:
             f"replay differs at event {(run.first_mismatch or {}).get('event_index', '?')}"
         # two short lines: a panel is a third of the page's column wide
         ax.set_title(f"{_short_version(d)}\n{GROUP_SHORT[d['group']]}", fontsize=pick(9, 8), loc="left")
+        # on a box of its own: the shaded measured step may reach the panel's corner
         ax.text(0.98, 0.04, verdict, transform=ax.transAxes, ha="right", va="bottom", fontsize=MIN_FONT_PT + 1,
-                color="#1f6b35" if run.matches_trace else PALETTE[3])
+                color="#1f6b35" if run.matches_trace else PALETTE[3],
+                bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.9))
         ax.set_xlabel("allocator request, in trace order")
         ax.set_ylabel("MiB")
     legend_below(axes[-1] if is_narrow() else axes[0], fontsize=8, ncol=pick(3, 2))
