@@ -21,6 +21,27 @@ SCREENSHOTS = ROOT / "_build" / "screenshots"
 DESKTOP = {"width": 1280, "height": 900}
 
 
+# After "load": the web fonts in use are ready and two frames have been drawn, so the scripts
+# that run on load (the theme's, memlab.js fitting the outputs) have laid the page out.
+SETTLED = """() => document.fonts.ready.then(() => new Promise(done =>
+    requestAnimationFrame(() => requestAnimationFrame(() => done(true)))))"""
+
+
+# Resolves once the CSS transitions and animations that a click started have ended (two frames
+# first, so that those the click started are running), or after `ms` milliseconds in any case.
+ANIMATIONS_ENDED = """ms => new Promise(done => requestAnimationFrame(() => requestAnimationFrame(() => {
+    const t0 = performance.now();
+    const poll = () => document.getAnimations().some(a => a.playState === 'running') && performance.now() - t0 < ms
+        ? requestAnimationFrame(poll) : done(true);
+    poll();
+})))"""
+
+
+def settle(page, ms: int) -> None:
+    """Wait until what the last click or tap set moving has stopped, at most ``ms`` ms."""
+    page.evaluate(ANIMATIONS_ENDED, ms)
+
+
 class Visit:
     """One page load: failed requests, bad responses and console errors, only 127.0.0.1 reachable."""
 
@@ -48,7 +69,7 @@ class Visit:
         if sizes:
             self.page.on("requestfinished", lambda r: self.sizes.__setitem__(r.url, r.sizes()["responseBodySize"]))
         self.page.goto(f"{origin}/{path}", wait_until="load")
-        self.page.wait_for_timeout(300)
+        self.page.evaluate(SETTLED)
 
     def close(self):
         self.context.close()
@@ -68,36 +89,91 @@ def visit(browser, site):
         v.close()
 
 
+PHONE = {"width": 390, "height": 844}
+WIDTHS = {"1280": (DESKTOP, False), "390": (PHONE, True)}
+
+
+class Readings:
+    """One load of each page at each width (1280 px with a mouse, 390 px with touch), shared by
+    the tests that only read the page: its screenshot, the problems of the load, and what the
+    width checks measure. Each visit is closed once read, so at most one is open at a time."""
+
+    def __init__(self, browser, site):
+        self.browser, self.site, self.got = browser, site, {}
+
+    def __call__(self, page: str, width: str) -> dict:
+        if (page, width) not in self.got:
+            viewport, touch = WIDTHS[width]
+            v = Visit(self.browser, self.site["origin"], f"book/{page}.html", viewport, touch)
+            try:
+                SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+                v.page.screenshot(path=str(SCREENSHOTS / f"{page}-{width}.png"), full_page=True)
+                self.got[(page, width)] = {
+                    "scroll_width": v.page.evaluate("() => document.documentElement.scrollWidth"),
+                    "wide": v.page.evaluate(WIDE_ELEMENTS),
+                    "over": v.page.evaluate(OVERFLOWING_OUTPUTS),
+                    "problems": list(v.problems),
+                }
+            finally:
+                v.close()
+        return self.got[(page, width)]
+
+
+# At 390 px: elements of the article reaching past the screen, outside the boxes that scroll.
+WIDE_ELEMENTS = """() => [...document.querySelectorAll('article *')]
+    .filter(e => e.getBoundingClientRect().right > 391 && getComputedStyle(e).position !== 'fixed')
+    .filter(e => !e.closest('.memlab-scroll, .table-wrapper, .highlight, pre, .cell_output .output'))
+    .slice(0, 5).map(e => e.tagName + '.' + e.className + ': ' + (e.textContent || '').slice(0, 60))"""
+# Outputs, tables and explorers that scroll sideways inside the column.
+OVERFLOWING_OUTPUTS = """() => [...document.querySelectorAll(
+        'article .cell_output pre, article .cell_output table, article table, article .memlab-explorer')]
+    .filter(e => e.offsetParent !== null)
+    .map(e => [e.closest('.table-wrapper, .output, .memlab-explorer') || e, e])
+    .filter(([box, e]) => box.scrollWidth > box.clientWidth + 1 || e.scrollWidth > e.clientWidth + 1)
+    .map(([box, e]) => e.tagName + ' ' + e.scrollWidth + '>' + box.clientWidth + ': ' +
+         (e.textContent || '').trim().slice(0, 70))"""
+
+
+@pytest.fixture(scope="module")
+def readings(browser, site):
+    return Readings(browser, site)
+
+
 @pytest.mark.parametrize("page", PAGES)
-def test_page_loads_offline_clean_and_is_screenshotted(visit, page):
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    problems = []
-    for name, viewport, touch in [("1280", DESKTOP, False), ("390", {"width": 390, "height": 844}, True)]:
-        v = visit(f"book/{page}.html", viewport, touch)
-        v.page.screenshot(path=str(SCREENSHOTS / f"{page}-{name}.png"), full_page=True)
-        problems += v.problems
+def test_page_loads_offline_clean_and_is_screenshotted(readings, page):
+    problems = readings(page, "1280")["problems"] + readings(page, "390")["problems"]
+    assert (SCREENSHOTS / f"{page}-1280.png").exists() and (SCREENSHOTS / f"{page}-390.png").exists()
     assert not problems, "\n".join(problems)
 
 
 MENUS = {"primary": "#pst-primary-sidebar-modal", "secondary": "#pst-secondary-sidebar-modal"}
+IS_OPEN = "d => !!document.querySelector(d)?.open"
 
 
 @pytest.mark.parametrize("width", [390, 900])
 @pytest.mark.parametrize("page", PAGES)
 def test_both_menus_open_by_a_real_tap(visit, page, width):
+    """Each menu opened by a tap on its button, one after the other on one load (the first
+    closed with Escape before the second is tapped)."""
+    v = visit(f"book/{page}.html", {"width": width, "height": 844}, touch=True)
     for which, dialog in MENUS.items():
-        v = visit(f"book/{page}.html", {"width": width, "height": 844}, touch=True)
         if which == "secondary" and not v.page.locator("#pst-page-toc-nav a").count():
             continue  # a page without sections (the claims page) has no on-page contents
         buttons = [b for b in v.page.locator(f"button.{which}-toggle").all() if b.is_visible()]
         assert buttons, f"no visible {which} menu button at {width} px"
         box = buttons[0].bounding_box()
         v.page.touchscreen.tap(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
-        v.page.wait_for_timeout(400)
-        opened = v.page.evaluate(f"() => !!document.querySelector('{dialog}')?.open")
+        try:
+            v.page.wait_for_function(IS_OPEN, arg=dialog, timeout=3000)
+        except Exception:  # Playwright's TimeoutError: the assertion below says what failed
+            pass
+        opened = v.page.evaluate(IS_OPEN, dialog)
         assert opened, f"a tap on the {which} menu button at {width} px opens nothing"
         links = v.page.locator(f"{dialog} a").all()
         assert any(a.is_visible() for a in links), f"the {which} menu opened empty at {width} px"
+        v.page.keyboard.press("Escape")
+        v.page.wait_for_function(f"d => !({IS_OPEN})(d)", arg=dialog, timeout=3000)
+    assert not v.problems, "\n".join(v.problems)
 
 
 @pytest.mark.parametrize("width", [390, 991, 1280])
@@ -111,26 +187,14 @@ def test_a_page_opens_on_the_book_not_on_an_empty_band_or_a_second_search_box(vi
 
 
 @pytest.mark.parametrize("page", PAGES)
-def test_no_page_is_wider_than_a_phone(visit, page):
-    v = visit(f"book/{page}.html", {"width": 390, "height": 844}, touch=True)
-    width = v.page.evaluate("() => document.documentElement.scrollWidth")
-    wide = v.page.evaluate("""() => [...document.querySelectorAll('article *')]
-        .filter(e => e.getBoundingClientRect().right > 391 && getComputedStyle(e).position !== 'fixed')
-        .filter(e => !e.closest('.memlab-scroll, .table-wrapper, .highlight, pre, .cell_output .output'))
-        .slice(0, 5).map(e => e.tagName + '.' + e.className + ': ' + (e.textContent || '').slice(0, 60))""")
-    assert width <= 390, f"{page} is {width} px wide on a 390 px screen: {wide}"
+def test_no_page_is_wider_than_a_phone(readings, page):
+    got = readings(page, "390")
+    assert got["scroll_width"] <= 390, f"{page} is {got['scroll_width']} px wide on a 390 px screen: {got['wide']}"
 
 
 @pytest.mark.parametrize("page", PAGES)
-def test_outputs_and_tables_fit_the_column_at_1280(visit, page):
-    v = visit(f"book/{page}.html")
-    over = v.page.evaluate("""() => [...document.querySelectorAll(
-            'article .cell_output pre, article .cell_output table, article table, article .memlab-explorer')]
-        .filter(e => e.offsetParent !== null)
-        .map(e => [e.closest('.table-wrapper, .output, .memlab-explorer') || e, e])
-        .filter(([box, e]) => box.scrollWidth > box.clientWidth + 1 || e.scrollWidth > e.clientWidth + 1)
-        .map(([box, e]) => e.tagName + ' ' + e.scrollWidth + '>' + box.clientWidth + ': ' +
-             (e.textContent || '').trim().slice(0, 70))""")
+def test_outputs_and_tables_fit_the_column_at_1280(readings, page):
+    over = readings(page, "1280")["over"]
     assert not over, f"{page}: {len(over)} outputs scroll sideways at 1280 px:\n" + "\n".join(over)
 
 

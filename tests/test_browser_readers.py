@@ -26,12 +26,10 @@ import pytest
 
 from .booktools import PAGES, ROOT
 from .test_browser_figures import MEASURE_JS
-from .test_browser import DESKTOP, Visit, visit  # noqa: F401  (fixture)
+from .test_browser import WIDTHS, Visit, settle, visit  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.slow
 
-PHONE = {"width": 390, "height": 844}
-WIDTHS = {"1280": (DESKTOP, False), "390": (PHONE, True)}
 SCHEMES = ("light", "dark")
 AA, AA_LARGE, NON_TEXT = 4.5, 3.0, 3.0
 
@@ -188,7 +186,7 @@ def _open_everything(v) -> None:
         document.querySelectorAll('article details:not([open]) > summary').forEach(s => s.click());
         document.querySelectorAll('article .solution .toggle-button[aria-expanded=false]').forEach(b => b.click());
     }""")
-    v.page.wait_for_timeout(700)
+    settle(v.page, 700)
 
 
 class Readings:

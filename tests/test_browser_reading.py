@@ -12,12 +12,10 @@ import re
 import pytest
 
 from .booktools import PAGES
-from .test_browser import DESKTOP, visit  # noqa: F401  (fixtures)
+from .test_browser import PHONE, WIDTHS, settle, visit  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.slow
 
-PHONE = {"width": 390, "height": 844}
-WIDTHS = {"1280": (DESKTOP, False), "390": (PHONE, True)}
 
 
 # A solution is open when something besides its title is drawn.
@@ -34,7 +32,7 @@ def _tap_or_click(v, touch: bool, x: float, y: float) -> None:
         v.page.touchscreen.tap(x, y)
     else:
         v.page.mouse.click(x, y)
-    v.page.wait_for_timeout(150)
+    settle(v.page, 150)
 
 
 @pytest.mark.parametrize("width", list(WIDTHS))
