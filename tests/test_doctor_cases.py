@@ -217,6 +217,7 @@ def test_what_if_equals_the_gpus_run_under_that_setting_or_stays_within_its_boun
     assert w.oom_events_range[0] <= ooms <= w.oom_events_range[1]
 
 
+@pytest.mark.slow  # every case's what-ifs (6 s of CPU): make test runs it, the developer loop does not
 def test_most_what_ifs_are_exact_and_every_inexact_one_is_for_a_stated_reason():
     exact = inexact = 0
     for case, setting in WHAT_IFS:

@@ -337,6 +337,7 @@ def test_wrong_feedback_names_no_item_of_a_list_answer(submissions):
     assert {r.exercise: r.feedback for r in submissions[0]["ch2-wrong"]}["ex-streams-blocks"] == "wrong: my_blocks"
 
 
+@pytest.mark.slow  # spins for its 8-s limit: make test runs it, the developer loop does not
 def test_a_function_that_never_returns_times_out_in_scoring():
     from experiments.core.checks import EXERCISES
 

@@ -170,6 +170,7 @@ def test_memory_processes_file_size_and_scratch_are_limited(sandbox):
     assert got["360 MiB in scratch"] == errno.ENOSPC
 
 
+@pytest.mark.slow  # waits out its 12-s wall-clock limit: make test runs it, the developer loop does not
 def test_when_time_is_up_every_process_dies(sandbox):
     sb, _ = sandbox
     marker = "memlab-sandbox-timeout-7d2"
@@ -195,6 +196,7 @@ def test_when_time_is_up_every_process_dies(sandbox):
     assert not left, f"processes of the sandbox outlived it: {left}"
 
 
+@pytest.mark.slow  # spends its CPU-time limit: make test runs it, the developer loop does not
 def test_cpu_time_is_limited(sandbox):
     sb, _ = sandbox
     spec = rlimits(Limits(), live=False, seconds=1)

@@ -128,6 +128,7 @@ def test_cli_claims_json_has_the_documented_keys():
         assert r["holds"] in (True, False, None)
 
 
+@pytest.mark.slow  # three fresh CLI processes (6 s): make test runs it, the developer loop does not
 def test_cli_list_and_record_without_gpu():
     out = subprocess.run([sys.executable, "-m", "experiments", "list"], capture_output=True, text=True, check=True)
     assert "core.sleep_clock" in out.stdout and "nvidia-h200" in out.stdout
