@@ -155,6 +155,8 @@ IS_OPEN = "d => !!document.querySelector(d)?.open"
 def test_both_menus_open_by_a_real_tap(visit, page, width):
     """Each menu opened by a tap on its button, one after the other on one load (the first
     closed with Escape before the second is tapped)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     v = visit(f"book/{page}.html", {"width": width, "height": 844}, touch=True)
     for which, dialog in MENUS.items():
         if which == "secondary" and not v.page.locator("#pst-page-toc-nav a").count():
@@ -165,7 +167,7 @@ def test_both_menus_open_by_a_real_tap(visit, page, width):
         v.page.touchscreen.tap(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
         try:
             v.page.wait_for_function(IS_OPEN, arg=dialog, timeout=3000)
-        except Exception:  # Playwright's TimeoutError: the assertion below says what failed
+        except PlaywrightTimeout:  # the assertion below says what failed
             pass
         opened = v.page.evaluate(IS_OPEN, dialog)
         assert opened, f"a tap on the {which} menu button at {width} px opens nothing"
