@@ -17,7 +17,6 @@ from .test_browser import PHONE, WIDTHS, settle, visit  # noqa: F401  (fixtures)
 pytestmark = pytest.mark.slow
 
 
-
 # A solution is open when something besides its title is drawn.
 IS_OPEN = ("s => [...s.children].some(c => !c.classList.contains('admonition-title')"
            " && c.offsetParent !== null && c.getBoundingClientRect().height > 0)")
