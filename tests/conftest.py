@@ -170,6 +170,36 @@ def site(built_book):
     server.shutdown()
 
 
+@pytest.fixture(scope="session")
+def page_readings(site, tmp_path_factory):
+    """Every page read once per colour scheme and width for the browser tests that only read
+    (tests/page_readings.py), in a process of its own, once per run whatever the xdist workers:
+    a function ``(page, scheme, width) -> dict``; a reading that failed raises its error in the
+    tests that ask for it."""
+    import json
+    import subprocess
+    import sys
+
+    from filelock import FileLock
+
+    shared = tmp_path_factory.getbasetemp().parent if os.environ.get("PYTEST_XDIST_WORKER") else None
+    out = (shared or tmp_path_factory.getbasetemp()) / "page_readings.json"
+    with FileLock(str(out) + ".lock"):
+        if not out.exists():
+            done = subprocess.run([sys.executable, "-m", "tests.page_readings", str(site["dir"]), str(out)],
+                                  cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True)
+            assert done.returncode == 0 and out.exists(), f"tests.page_readings failed:\n{done.stderr[-3000:]}"
+    data = json.loads(out.read_text())
+
+    def reading(page: str, scheme: str, width: str) -> dict:
+        got = data[f"{page} {scheme} {width}"]
+        if "error" in got:
+            raise RuntimeError(f"reading {page} ({scheme}, {width} px) failed:\n{got['error']}")
+        return got
+
+    return reading
+
+
 @pytest.fixture(scope="module")
 def browser():
     """Debian's chromium driven by Playwright, one per test module (a session-wide one would keep

@@ -1,8 +1,9 @@
 """How `make test` shares the tests out between pytest-xdist's workers (tests/conftest.py).
 
 A test module whose module-scoped fixture is costly (a graded class, a built wheel, the student
-site, a Pyodide tab) runs whole in one worker, so that the fixture is made once; every other
-test goes to whichever worker is free. Costly work is handed out first, longest first (the
+site, a Pyodide tab) runs whole in one worker, so that the fixture is made once; so do the
+tests, in any module, that take a costly session fixture shared through a file (the pages' one
+reading); every other test goes to whichever worker is free. Costly work is handed out first, longest first (the
 workers sort the tests so: :func:`order_key`), so that no worker is left with a long test at
 the end while the other idles.
 
@@ -54,13 +55,42 @@ def shared_setup_modules() -> frozenset[str]:
     return frozenset(out)
 
 
+# Session-scoped fixtures made once per run and shared through a file by the workers (a lock
+# makes the second wait for the first): the tests that use one run in one worker, so that no
+# worker waits. A group is named after its fixture.
+SHARED_SESSION = frozenset({"page_readings"})
+
+
+@functools.lru_cache(maxsize=1)
+def session_groups() -> dict[str, str]:
+    """{"tests/test_x.py::test_name": fixture} for every test function that takes a fixture of
+    :data:`SHARED_SESSION`."""
+    out = {}
+    for path in sorted(TESTS.glob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test_"):
+                used = SHARED_SESSION.intersection(a.arg for a in node.args.args)
+                if used:
+                    out[f"{TESTS.name}/{path.name}::{node.name}"] = min(used)
+    return out
+
+
 def module_of(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
 
 
+def group_of(nodeid: str) -> str | None:
+    """The shared session fixture whose group ``nodeid`` runs in, or None."""
+    module, _, rest = nodeid.partition("::")
+    return session_groups().get(f"{module}::{rest.split('[', 1)[0].rsplit('::', 1)[-1]}")
+
+
 def order_key(nodeid: str, slow: bool, module_slow: bool) -> tuple[int, int]:
-    """Where a test goes in the order the workers hand tests out: the modules that run whole
-    first (the slow ones first), then single slow tests, then the rest."""
+    """Where a test goes in the order the workers hand tests out: the groups of a shared session
+    fixture and the modules that run whole first (the slow ones first), then single slow tests,
+    then the rest."""
+    if group_of(nodeid) is not None:
+        return (0, 0)
     if module_of(nodeid) in shared_setup_modules():
         return (0, 0 if module_slow else 1)
     return (1, 0 if slow else 1)
@@ -73,6 +103,8 @@ def make_scheduler(config, log):
     class SharedSetupScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             module = module_of(nodeid)
-            return module if module in shared_setup_modules() else nodeid
+            if module in shared_setup_modules():
+                return module
+            return group_of(nodeid) or nodeid
 
     return SharedSetupScheduling(config, log)

@@ -73,10 +73,9 @@ HIDDEN_VIEWS_JS = """(phone) => [...document.querySelectorAll('.memlab-view')].m
 
 @pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.parametrize("page", FIGURE_PAGES)
-def test_figure_text_is_at_least_9px_as_displayed(visit, page, width):
-    viewport, touch = WIDTHS[width]
-    v = visit(f"book/{page}.html", viewport, touch)
-    figures = v.page.evaluate(MEASURE_JS)
+def test_figure_text_is_at_least_9px_as_displayed(page_readings, page, width):
+    got = page_readings(page, "light", width)
+    figures = got["figures"]
     assert figures, f"{page}: no figure found"
     not_measured = [f["src"] for f in figures if not f["pt"] == f["pt"] or not f["natural"]]
     assert not not_measured, f"{page} at {width} px: figures without font data or not loaded: {not_measured}"
@@ -88,10 +87,10 @@ def test_figure_text_is_at_least_9px_as_displayed(visit, page, width):
     print(f"{page} at {width} px: {len(figures)} figures shown, smallest text "
           f"{min(f['px'] for f in figures):.1f} px")
     assert not small, f"{page} at {width} px: text under {MIN_TEXT_PX} px (px, pt, dpi, natural, shown): {small}"
-    views = v.page.evaluate(HIDDEN_VIEWS_JS, width == "390")
+    views = got["views"]
     small = [(round(x["px"], 1), x["point"]) for x in views if not x["px"] >= MIN_TEXT_PX]
     assert not small, f"{page} at {width} px: explorer views whose text would show under {MIN_TEXT_PX} px: {small}"
-    assert not v.problems, "\n".join(v.problems)
+    assert not got["problems"], "\n".join(got["problems"])
 
 
 def _figures_in(page_html: str) -> list[str]:
@@ -299,32 +298,15 @@ def test_each_explorer_control_operated_for_real_shows_its_figure(visit, page):
 
 @pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.parametrize("page", PAGES)
-def test_first_load_is_light_and_hidden_views_wait(browser, site, page, width):  # noqa: F811
-    viewport, touch = WIDTHS[width]
-    context = browser.new_context(viewport=viewport, has_touch=touch, is_mobile=touch, device_scale_factor=1)
-    sizes: dict[str, int] = {}
-
-    def got(response):
-        try:
-            sizes[response.url] = len(response.body())
-        except Exception:  # a body that never came: counted as 0, the request is still seen
-            sizes.setdefault(response.url, 0)
-
-    pg = context.new_page()
-    pg.on("response", got)
-    url = f"{site['origin']}/book/{page}.html"
-    pg.goto(url, wait_until="load")
-    pg.wait_for_load_state("networkidle")
-    hidden = pg.evaluate("""() => [...document.querySelectorAll('.memlab-view[hidden] [data-src], '
-                                  + '.memlab-view[hidden] [data-srcset]')]
-        .map(e => new URL(e.dataset.src || e.dataset.srcset, location.href).href)""")
-    context.close()
+def test_first_load_is_light_and_hidden_views_wait(page_readings, page, width):
+    first = page_readings(page, "light", width)["first_load"]
+    sizes, url = first["bodies"], f"book/{page}.html"
     total = sum(sizes.values())
     print(f"{page} at {width} px: first load {total / 1e6:.2f} MB, HTML {sizes.get(url, 0) / 1e6:.2f} MB")
     assert total <= 3e6, f"{page} at {width} px: first load {total / 1e6:.2f} MB: " + ", ".join(
         f"{u.rsplit('/', 1)[-1][:30]} {b / 1e3:.0f} kB" for u, b in sorted(sizes.items(), key=lambda kv: -kv[1])[:5])
     assert sizes.get(url, 0) <= 1e6, f"{page}.html is {sizes.get(url, 0) / 1e6:.2f} MB"
-    fetched = [u for u in hidden if u in sizes]
+    fetched = [u for u in first["hidden"] if u in sizes]
     assert not fetched, f"{page}: hidden explorer views fetched at load: {fetched[:3]}"
 
 

@@ -14,7 +14,8 @@ the dark colour scheme (pydata-sphinx-theme follows the system's).
   draws.
 
 Each page is loaded once per scheme and width for the measurements that need no interaction
-(``readings``). The doctor page's own items are in test_browser_doctor_page.py.
+(the ``page_readings`` fixture: tests/page_readings.py). The doctor page's own items are in
+test_browser_doctor_page.py.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ import pytest
 
 from .booktools import PAGES, ROOT
 from .test_browser_figures import MEASURE_JS
-from .test_browser import WIDTHS, Visit, settle, visit  # noqa: F401  (fixture)
+from .test_browser import WIDTHS, settle, visit  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.slow
 
@@ -189,56 +190,25 @@ def _open_everything(v) -> None:
     settle(v.page, 700)
 
 
-class Readings:
-    """Each page loaded once per (scheme, width): what the tests below assert on."""
-
-    def __init__(self, browser, site):
-        self.browser, self.site, self.cache = browser, site, {}
-
-    def __call__(self, page: str, scheme: str, width: str) -> dict:
-        key = (page, scheme, width)
-        if key not in self.cache:
-            viewport, touch = WIDTHS[width]
-            v = Visit(self.browser, self.site["origin"], f"book/{page}.html", viewport, touch, scheme, sizes=True)
-            try:
-                got = {"fonts": {u: b for u, b in v.sizes.items() if re.search(r"\.(woff2?|ttf|otf)(\?|$)", u)},
-                       "favicon": v.page.evaluate("""() => [...document.querySelectorAll('link[rel~=icon]')]
-                                                        .map(l => l.href)"""),
-                       "tables": v.page.evaluate(TABLES_JS)}
-                # the glyphs the page's CSS draws with Font Awesome's font (pseudo-elements)
-                got["glyphs"] = v.page.evaluate("""() => { const out = new Set();
-                    for (const e of document.querySelectorAll('*')) for (const p of ['::before', '::after']) {
-                        const cs = getComputedStyle(e, p);
-                        if (/Awesome/.test(cs.fontFamily) && cs.content && cs.content !== 'none' && cs.display !== 'none')
-                            for (const ch of cs.content.replace(/^"|"$/g, '')) if (ch.codePointAt(0) >= 0xe000) out.add(ch.codePointAt(0));
-                    } return [...out]; }""")
-                _open_everything(v)
-                got["contrast"] = v.page.evaluate(CONTRAST_JS, "article .cell_output, article table, article caption, "
-                                                  "article figcaption, article .memlab-explorer")
-                v.page.keyboard.press("Tab")  # the keyboard is in use: focus() shows :focus-visible
-                got["focus"] = v.page.evaluate(FOCUS_JS)
-                got["problems"] = list(v.problems)
-            finally:
-                v.close()
-            self.cache[key] = got
-        return self.cache[key]
-
-
-@pytest.fixture(scope="module")
-def readings(browser, site):
-    return Readings(browser, site)
+# The glyphs the page's CSS draws with Font Awesome's font (in pseudo-elements).
+GLYPHS_JS = """() => { const out = new Set();
+    for (const e of document.querySelectorAll('*')) for (const p of ['::before', '::after']) {
+        const cs = getComputedStyle(e, p);
+        if (/Awesome/.test(cs.fontFamily) && cs.content && cs.content !== 'none' && cs.display !== 'none')
+            for (const ch of cs.content.replace(/^"|"$/g, '')) if (ch.codePointAt(0) >= 0xe000) out.add(ch.codePointAt(0));
+    } return [...out]; }"""
 
 
 COMBOS = [(s, w) for s in SCHEMES for w in WIDTHS]
 
 
 @pytest.mark.parametrize("scheme,width", COMBOS)
-def test_every_output_text_passes_wcag_aa_in_both_schemes(readings, scheme, width):
+def test_every_output_text_passes_wcag_aa_in_both_schemes(page_readings, scheme, width):
     """Issue 26: in the dark scheme the sticky first column of every output table was dark on
     black (1.26:1) and explorer captions 1.71:1."""
     problems, measured = [], 0
     for page in PAGES:
-        texts = readings(page, scheme, width)["contrast"]
+        texts = page_readings(page, scheme, width)["contrast"]
         measured += len(texts)
         low = {}
         for t in texts:
@@ -251,12 +221,12 @@ def test_every_output_text_passes_wcag_aa_in_both_schemes(readings, scheme, widt
 
 
 @pytest.mark.parametrize("scheme,width", COMBOS)
-def test_output_tables_fit_or_say_they_scroll_and_no_word_breaks(readings, scheme, width):
+def test_output_tables_fit_or_say_they_scroll_and_no_word_breaks(page_readings, scheme, width):
     """Issue 26: at 390 px, 25 output tables and the instructors' table showed 51-95 % of
     their width, cut mid-word, with no cue that they scroll."""
     problems, count, modes = [], 0, {}
     for page in PAGES:
-        for t in readings(page, scheme, width)["tables"]:
+        for t in page_readings(page, scheme, width)["tables"]:
             count += 1
             modes[t["mode"] or "as is"] = modes.get(t["mode"] or "as is", 0) + 1
             if not t["fits"] and not t["cue"]:
@@ -269,12 +239,12 @@ def test_output_tables_fit_or_say_they_scroll_and_no_word_breaks(readings, schem
 
 
 @pytest.mark.parametrize("scheme,width", COMBOS)
-def test_every_control_shows_a_focus_ring(readings, scheme, width):
+def test_every_control_shows_a_focus_ring(page_readings, scheme, width):
     """Issue 26: the header buttons (launch, download, full screen, the menus), the solutions'
     toggles and the skip link showed no ring, or one of 1:1 against the page."""
     problems, count = [], 0
     for page in PAGES:
-        for f in readings(page, scheme, width)["focus"]:
+        for f in page_readings(page, scheme, width)["focus"]:
             count += 1
             if f["ring"] is None or f["ratio"] < NON_TEXT:
                 problems.append(f"{page}: {f['what']}: " + ("no ring" if f["ring"] is None else
@@ -286,14 +256,14 @@ def test_every_control_shows_a_focus_ring(readings, scheme, width):
 
 
 @pytest.mark.parametrize("scheme,width", [("light", "1280"), ("dark", "390")])
-def test_a_favicon_and_only_the_icon_glyphs_used(readings, site, scheme, width):
+def test_a_favicon_and_only_the_icon_glyphs_used(page_readings, site, scheme, width):
     """Issue 26: no favicon (a 404 on every page) and Font Awesome's webfonts (275 kB) fetched
     on every page."""
     from fontTools.ttLib import TTFont
 
     problems = []
     for page in PAGES:
-        got = readings(page, scheme, width)
+        got = page_readings(page, scheme, width)
         if not got["favicon"]:
             problems.append(f"{page}: no <link rel=icon>")
         for href in got["favicon"]:

@@ -150,15 +150,9 @@ def _breaks(chars) -> list[int]:
 
 @pytest.mark.parametrize("width", list(WIDTHS))
 @pytest.mark.parametrize("page", PAGES)
-def test_identifiers_in_tables_never_break_mid_word(visit, page, width):
-    viewport, touch = WIDTHS[width]
-    v = visit(f"book/{page}.html", viewport, touch)
-    _open_folds(v)
+def test_identifiers_in_tables_never_break_mid_word(page_readings, page, width):
     broken = []
-    for code in v.page.locator("article table code").all():
-        if not code.evaluate("c => c.offsetParent !== null"):
-            continue
-        chars = code.evaluate(CHAR_TOPS)
+    for chars in page_readings(page, "light", width)["table_code"]:  # each visible code in a table, folds open
         text = "".join(c for c, _ in chars)
         for i in _breaks(chars):
             a, b = chars[i][0], chars[i + 1][0] if i + 1 < len(chars) else " "
@@ -183,22 +177,19 @@ PARAGRAPHS = [
 
 
 @pytest.mark.parametrize("width", list(WIDTHS))
-def test_text_outputs_are_wrapped_once(visit, width):
+def test_text_outputs_are_wrapped_once(page_readings, width):
     """Each paragraph is one line of the output, and the browser wraps it inside the column:
     wrapped once. Text that Python had wrapped at 88 columns came out ragged, the browser
     wrapping each of its lines again."""
-    viewport, touch = WIDTHS[width]
     problems = []
     for page in sorted({p for p, *_ in PARAGRAPHS}):
-        v = visit(f"book/{page}.html", viewport, touch)
-        _open_folds(v)
+        got = page_readings(page, "light", width)
         for _, start, sentence in [x for x in PARAGRAPHS if x[0] == page]:
-            pre = v.page.locator("article .cell_output pre").filter(has_text=start.strip())
-            if not pre.count():
+            pre = got["paragraphs"][start]  # the first output holding it, folds open
+            if pre is None:
                 problems.append(f"{page}: no output starts a line with {start!r}")
                 continue
-            pre = pre.first
-            text = pre.inner_text()
+            text = pre["text"]
             lines = text.split("\n")
             k = next((i for i, line in enumerate(lines) if line.startswith(start)), None)
             if k is None:
@@ -209,11 +200,11 @@ def test_text_outputs_are_wrapped_once(visit, width):
                 problems.append(f"{page}: the paragraph {start!r} stops mid-sentence: ...{lines[k][-40:]!r}")
             elif re.match(r"^[a-z(]", nxt) or (nxt.startswith(" ") and not nxt.startswith("  [")):
                 problems.append(f"{page}: the paragraph {start!r} goes on in a second line: {nxt[:50]!r}")
-            over = pre.evaluate("p => p.scrollWidth - p.clientWidth")
+            over = pre["over"]
             if over > 1:
                 problems.append(f"{page}: the output of {start!r} is {over} px wider than its box")
-            rows = len({top for c, top in pre.evaluate(CHAR_TOPS) if top is not None})
+            rows = len({top for c, top in pre["chars"] if top is not None})
             if rows < len([line for line in lines if line.strip()]):
                 problems.append(f"{page}: {start!r}: fewer rows than lines")
-        problems += [f"{page}: {p}" for p in v.problems]
+        problems += [f"{page}: {p}" for p in got["problems"]]
     assert not problems, f"at {width} px:\n" + "\n".join(problems)
