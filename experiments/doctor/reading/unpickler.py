@@ -31,7 +31,6 @@ import sys
 from array import array
 from bisect import bisect_right
 from itertools import accumulate
-from operator import methodcaller
 from typing import Any
 
 from ..errors import PickleRefused
@@ -115,13 +114,16 @@ class _Column(dict):
 
 
 class _Shape:
-    """A compiled layout of trace entries: the regex and what each match means."""
+    """A compiled layout of trace entries: the regex and what each match means, and ``run``,
+    the regex of up to :data:`_RUN` consecutive entries of the layout."""
 
-    __slots__ = ("regex", "groups", "memo_slots", "has_frames", "put_groups", "frames_slot", "fwd_slot", "pool_slot")
+    __slots__ = ("regex", "run", "groups", "memo_slots", "has_frames", "put_groups", "frames_slot", "fwd_slot",
+                 "pool_slot")
 
     def __init__(self, regex: Any, groups: dict[str, int], memo_slots: list[Any], has_frames: bool,
                  put_groups: list[int]) -> None:
         self.regex, self.groups, self.memo_slots = regex, groups, memo_slots
+        self.run = re.compile(b"(?:" + regex.pattern + b"){1,%d}" % _RUN, regex.flags)
         self.has_frames, self.put_groups = has_frames, put_groups
         self.frames_slot = memo_slots.index(_FRAMES_MEMO) if has_frames else -1
         self.fwd_slot = memo_slots.index(_FWD_MEMO) if _FWD_MEMO in memo_slots else -1
@@ -129,6 +131,9 @@ class _Shape:
         # forward_frames is optional in a layout learnt from an entry that has it: an entry
         # without it has one memo slot fewer (the list's)
 
+
+# Entries matched by one call of a layout's run regex (torch's pickles hold 1,000 per batch).
+_RUN = 4096
 
 _Q8 = struct.Struct("<Q").unpack_from
 _D8 = struct.Struct(">d").unpack_from
@@ -869,15 +874,24 @@ class Reader:
             target = self._rows_for(stack, m0 - 1, target)
         data = self.data
         pos = start
-        runs: list[tuple[_Shape, list[Any]]] = []
+        runs: list[tuple[_Shape, list[Any], int, int]] = []
         while True:
-            ms = list(iter(shape.regex.scanner(data, pos).match, None))
-            if ms:
-                runs.append((shape, ms))
-                pos = ms[-1].end()
-                if len(runs) >= 4096:                # bound the matches held at once
+            # The entries that follow, found by one regex, then split into their fields by
+            # another: no match object per entry, which cost as much as the rest of reading it.
+            m = shape.run.match(data, pos)
+            if m is not None:
+                end = m.end()
+                parts = shape.regex.split(data[pos:end])
+                step = shape.regex.groups + 1
+                cols = [parts[j::step] for j in range(1, step)]
+                n = len(cols[0])
+                runs.append((shape, cols, n, pos))
+                pos = end
+                if len(runs) >= 4096:                # bound the entries held at once
                     self._take(target, runs)
                     runs = []
+                if n == _RUN:
+                    continue
             if data[pos:pos + 3] == b"e(}":          # the next batch of APPENDS: same list, same mark
                 nxt = self._match_any(pos + 2)
                 if nxt is None:
@@ -893,15 +907,16 @@ class Reader:
             self._take(target, runs)
         return pos
 
-    def _take(self, rows: Rows, runs: list[tuple[_Shape, list[Any]]]) -> None:
-        """Add the entries of consecutive runs of matches (each run one layout) to ``rows``.
+    def _take(self, rows: Rows, runs: list[tuple[_Shape, list[Any], int, int]]) -> None:
+        """Add the entries of consecutive runs of matches (each run one layout: its regex's groups
+        as columns, the number of entries, where the first starts) to ``rows``.
 
         Each run is recorded in the memo bookkeeping in order (a later entry may refer to an
         earlier one's objects), and its columns are gathered; the columns of all the runs are
         then converted at once: entries of different layouts that alternate (torch 2.12's
         backward allocations carry ``forward_frames``, their frees do not) cost no more than
         one long run of one layout."""
-        n_all = sum(len(ms) for _, ms in runs)
+        n_all = sum(n for _, _, n, _ in runs)
         self.rows_total += n_all
         self.fast_rows += n_all
         if self.rows_total > self.max_rows:
@@ -916,23 +931,23 @@ class Reader:
         any_pids = rows.pools is not None
         any_fwd = rows.fwd is not None
         zero = b"K\x00"
-        for shape, ms in runs:
-            n = len(ms)
+        for shape, cols, n, start in runs:
             g = shape.groups
             k = len(shape.memo_slots)
             if shape.put_groups:
                 # protocols 2 and 3 name each memo index: they must be the next ones, in order
                 want = self._vlen()
-                for m in ms:
-                    for gi in shape.put_groups:
-                        raw = m.group(gi)
+                puts = [cols[gi - 1] for gi in shape.put_groups]
+                for j in range(n):
+                    for col in puts:
+                        raw = col[j]
                         if raw is None:              # an optional list the entry does not have
                             continue
                         got = raw[1] if raw[0] == 0x71 else _U4(raw, 1)[0]
                         if got != want:
-                            raise self._fail(m.start(), "memo indices out of order in a trace entry")
+                            at = list(iter(shape.regex.scanner(self.data, start).match, None))[j].start()
+                            raise self._fail(at, "memo indices out of order in a trace entry")
                         want += 1
-            cols = list(zip(*map(_GROUPS, ms)))
             sids = None
             if shape.has_frames:
                 # a frames list may be referenced again (torch shares some): its slot gives the stack
@@ -977,15 +992,15 @@ class Reader:
                 if c == UNKNOWN_CODE:
                     rows.unknown[base + j] = str(self._get(_get_index(acts_all[j]), -1))[:100]
         at = 0
-        for shape, ms in runs:                    # a field a run's layout lacks, where its actions need it
+        for shape, _, n, _ in runs:               # a field a run's layout lacks, where its actions need it
             g = shape.groups
             for name in ("addr", "size", "stream"):
                 if g.get(name) is None and (name != "addr" or g.get("device_free") is None):
-                    for j in range(at, at + len(ms)):
+                    for j in range(at, at + n):
                         c = codes[j]
                         if name in NEEDS.get(c, ()) or (name == "addr" and "device_free" in NEEDS.get(c, ())):
                             raise PickleRefused(f"trace entry {base + j} ({ACTIONS[c]}): '{name}' is missing")
-            at += len(ms)
+            at += n
         for name, col in (("addr", rows.addrs), ("size", rows.sizes), ("stream", rows.streams)):
             column = self.columns[name]
             raws = cols_all[name]
@@ -1089,7 +1104,6 @@ class _RowTuple(tuple):
     d = property(lambda self: self[5])
 
 
-_GROUPS = methodcaller("groups")
 _INT_RE_ONE = re.compile(_INT_RE, re.DOTALL)
 _GETS_RE = re.compile(rb"(?:h.|j....)", re.DOTALL)
 
