@@ -153,7 +153,7 @@ class _Replayer:
         # which segment_alloc / range survives to the end: its pool id is in the final state
         survives = bytearray(n)
         alive: set[int] = set()
-        codes, addrs = ev.codes, ev.addrs
+        codes, addrs, sizes, streams = ev.codes, ev.addrs, ev.sizes, ev.streams
         for m in reversed(list(_SEG_EVENTS.finditer(codes.tobytes()))):   # the few segment events, found in C
             i = m.start()
             addr = addrs[i]
@@ -164,11 +164,13 @@ class _Replayer:
                 alive.discard(addr)
         buf: list[int] = []                  # indices of segment events since the last request
         reqs = self.requests
-        put = reqs.data.append
+        # the request log and the series grow as lists, packed once at the end (Run.pack): a
+        # list's append, called as a method, costs a fraction of an array's
+        data = reqs.data
         series = self.series
         peak_a, peak_r, peak_k = 0, -1, 0     # the peaks after a request, and which request
-        alloc_a, res_a = run.allocated, run.reserved
-        put_a, put_r = alloc_a.append, res_a.append
+        alloc_a: list[int] = []
+        res_a: list[int] = []
         live, pending, keys = self.live, self.pending, self.keys
         bases, seg_end, seg_pool = self.bases, self.seg_end, self.seg_pool
         malloc, free_req, free_done = eng.malloc, eng.free_requested, eng.free_completed
@@ -179,7 +181,9 @@ class _Replayer:
             run.start_reserved, run.start_allocated = eng.reserved_bytes, eng.allocated_bytes
             only_default = not private
             stop = n if self.stop_at is None else min(n, self.stop_at)
-            for i, code, addr, size, stream in zip(range(stop), codes, addrs, ev.sizes, ev.streams):
+            # sizes and streams are read where a request needs them: an int made from an array
+            # costs as much as the rest of a free's step in the browser's Python
+            for i, code, addr in zip(range(stop), codes, addrs):
                 if code == FREE_REQ:
                     if buf:
                         self._flush_empty(i, buf)
@@ -188,10 +192,10 @@ class _Replayer:
                         self._unknown_block(i, "free_requested", addr)
                     free_req(blk)
                     pending[addr] = blk
-                    put(R_FREE_REQ | keys[addr] << KEY_SHIFT)
+                    data.append(R_FREE_REQ | keys[addr] << KEY_SHIFT)
                     if series:
-                        put_a(eng.allocated_bytes)
-                        put_r(eng.reserved_bytes)
+                        alloc_a.append(eng.allocated_bytes)
+                        res_a.append(eng.reserved_bytes)
                     continue                 # a free raises no peak
                 elif code == FREE_DONE:
                     if buf:
@@ -201,17 +205,17 @@ class _Replayer:
                         # skip_actions=["free_requested"]: the free is recorded once, completed
                         blk = live.pop(addr)
                         free_req(blk)
-                        put(R_FREE_REQ | keys[addr] << KEY_SHIFT)
+                        data.append(R_FREE_REQ | keys[addr] << KEY_SHIFT)
                         if series:
-                            put_a(eng.allocated_bytes)
-                            put_r(eng.reserved_bytes)
+                            alloc_a.append(eng.allocated_bytes)
+                            res_a.append(eng.reserved_bytes)
                     if blk is None:
                         self._unknown_block(i, "free_completed", addr)
                     free_done(blk)
-                    put(R_FREE_DONE | keys.pop(addr) << KEY_SHIFT)
+                    data.append(R_FREE_DONE | keys.pop(addr) << KEY_SHIFT)
                     if series:
-                        put_a(eng.allocated_bytes)
-                        put_r(eng.reserved_bytes)
+                        alloc_a.append(eng.allocated_bytes)
+                        res_a.append(eng.reserved_bytes)
                     continue
                 elif code == ALLOC:
                     if buf:
@@ -220,6 +224,7 @@ class _Replayer:
                     else:
                         # fast path: no segment event, so the block is in a segment the trace knows;
                         # until the trace shows a private pool, every such segment is the default pool's
+                        size, stream = sizes[i], streams[i]
                         if only_default:
                             pool = DEFAULT_POOL
                         else:
@@ -244,11 +249,12 @@ class _Replayer:
                             keys[addr] = key
                             self.next_key = key + 1
                             if pool is DEFAULT_POOL:
-                                put(key << KEY_SHIFT)          # R_ALLOC in pool 0, the default
+                                data.append(key << KEY_SHIFT)  # R_ALLOC in pool 0, the default
                             else:
                                 reqs.add_alloc(R_ALLOC, key, pool)
                 elif code <= SEG_UNMAP:
                     buf.append(i)
+                    size = sizes[i]
                     self.trace_reserved += size if code == SEG_ALLOC or code == SEG_MAP else -size
                     continue
                 elif code == SNAPSHOT:
@@ -260,7 +266,7 @@ class _Replayer:
                         run.mark_points.append(len(alloc_a))
                     continue
                 elif code == OOM:
-                    self._oom(i, buf, size, stream)
+                    self._oom(i, buf, sizes[i], streams[i])
                     only_default = not private
                 else:
                     raise _Mismatch(i, trace.unknown.get(i, "?"), "a trace entry of a kind the doctor does not "
@@ -272,11 +278,12 @@ class _Replayer:
                 if r > peak_r:
                     peak_r, peak_k = r, len(reqs) - 1
                 if series:
-                    put_a(a)
-                    put_r(r)
+                    alloc_a.append(a)
+                    res_a.append(r)
             if stop < n:           # stopped early on purpose: the state after event stop - 1
                 run.events_replayed = stop
-                run.requests = reqs
+                run.requests = reqs.pack()
+                run.pack(alloc_a, res_a)
                 _peaks(run, peak_a, peak_r, peak_k)
                 run.finish(eng)
                 return run
@@ -294,7 +301,8 @@ class _Replayer:
             run.matches_trace = False
             run.first_mismatch = m.info
         run.events_replayed = i
-        run.requests = reqs
+        run.requests = reqs.pack()
+        run.pack(alloc_a, res_a)
         run.peak_event = self.peak_event
         run.segment_log = self.segment_log
         _peaks(run, peak_a, peak_r, peak_k)

@@ -10,13 +10,14 @@ requests that failed on the GPU) keep their tuple in a side dict keyed by the re
 """
 from __future__ import annotations
 
-import re
 from array import array
+from itertools import compress
 from typing import Any, Iterable, Iterator
 
 from ..errors import ImpossibleTraceError
 from ..model.rules import DEFAULT_POOL
 from ..reading.rows import ALLOC
+from .run import int64s
 
 # Request kinds (small ints, so that the loops stay fast), as tuples: (R_ALLOC, key, bytes,
 # stream, pool), (R_FREE_REQ, key), (R_FREE_DONE, key), (R_EMPTY, pool id: the default for
@@ -29,13 +30,15 @@ POOL_SHIFT = 3
 POOL_BITS = 20
 POOL_MASK = (1 << POOL_BITS) - 1
 KEY_SHIFT = POOL_SHIFT + POOL_BITS       # 41 bits of key left: far more than any trace has
-_ALLOC_CODE = bytes([ALLOC])
+POOL_FIELD = POOL_MASK << POOL_SHIFT     # a request's pool bits: none set for the default pool (index 0)
+_IS_ALLOC = bytes(int(c == ALLOC) for c in range(256))     # a trace code -> 1 for 'alloc', else 0
 
 
 class Requests:
     """The requests of a replay, in order; what-ifs run them again.
 
-    Each request is one int64 in ``data``: ``kind | pool << 3 | key << 23``. ``kind`` is one of
+    Each request is one int64 in ``data``: ``kind | pool << 3 | key << 23`` (a list while a
+    replay adds to it, an array once :meth:`pack` ed). ``kind`` is one of
     the R_* codes above; ``pool`` an index into ``pools`` (R_ALLOC,
     R_RESTORE, R_EMPTY); ``key`` the block's key (R_ALLOC, R_RESTORE, R_FREE_REQ, R_FREE_DONE).
     R_FREEABLE and R_RETRY keep their tuple in ``extras`` under their index. A block's bytes
@@ -51,10 +54,10 @@ class Requests:
     Raises ImpossibleTraceError when a trace uses more than 2^20 pools.
     """
 
-    __slots__ = ("data", "pools", "_pool_index", "extras", "first", "_events", "_sizes", "_streams", "_pos")
+    __slots__ = ("data", "pools", "_pool_index", "extras", "first", "_events", "_sizes", "_streams")
 
     def __init__(self, events: Any = None, first: int = 0) -> None:
-        self.data = array("q")
+        self.data: Any = []
         self.pools: list[tuple[int, int]] = [DEFAULT_POOL]
         self._pool_index = {DEFAULT_POOL: 0}
         self.extras: dict[int, tuple] = {}
@@ -62,9 +65,14 @@ class Requests:
         self._events = events
         self._sizes: Any = None
         self._streams: Any = None
-        self._pos: Any = None
 
     # -- building
+    def pack(self) -> "Requests":
+        """The log made compact once built: ``data`` an int64 array (returns the log)."""
+        if type(self.data) is list:
+            self.data = int64s(self.data)
+        return self
+
     def pool_index(self, pool: tuple[int, int]) -> int:
         """The index of ``pool`` in ``pools`` (added if new)."""
         i = self._pool_index.get(pool)
@@ -115,27 +123,21 @@ class Requests:
                 out.add_extra(r)
             else:
                 raise ValueError(f"request {k}: {r!r:.60} is not a request tuple")
-        return out
+        return out.pack()
 
     # -- reading
-    def _alloc_pos(self) -> array:
-        # the trace event of each key from ``first`` on: the 'alloc' events, in order
-        if self._pos is None:
-            ev = self._events
-            # filled from a generator: a list would hold an int object (36 bytes) per 'alloc' at once
-            self._pos = array("q", (m.start() for m in re.finditer(_ALLOC_CODE, ev.codes.tobytes()))
-                              if ev is not None else ())
-        return self._pos
-
     def sizes_streams(self) -> tuple[Any, Any]:
         """(bytes, stream) of every block key, as two arrays indexed by key."""
         if self._sizes is None:
-            pos, ev = self._alloc_pos(), self._events
-            pad = bytes(8 * self.first)
-            sizes, streams = (ev.sizes, ev.streams) if ev is not None else ((), ())
-            self._sizes, self._streams = array("q", pad), array("q", pad)
-            self._sizes.extend(sizes[p] for p in pos)
-            self._streams.extend(streams[p] for p in pos)
+            ev = self._events
+            pad = array("q", bytes(8 * self.first))
+            if ev is None:
+                self._sizes, self._streams = pad, array("q", pad)
+            else:
+                # the 'alloc' events' columns, selected in C (the first what-if waits for them)
+                is_alloc = ev.codes.tobytes().translate(_IS_ALLOC)
+                self._sizes = pad + array("q", compress(ev.sizes, is_alloc))
+                self._streams = pad + array("q", compress(ev.streams, is_alloc))
         return self._sizes, self._streams
 
     def last_pool(self, stream: int, end: int | None = None) -> tuple[int, int]:
@@ -167,14 +169,13 @@ class Requests:
         out = Requests(self._events, self.first)
         out.pools, out._pool_index = self.pools, self._pool_index
         out._sizes, out._streams = self.sizes_streams()
-        out._pos = self._pos
-        data, put = out.data, out.data.append
+        data = out.data
         for k, x in enumerate(self.data):
             if x & 7 != kind:
                 if k in self.extras:
                     out.extras[len(data)] = self.extras[k]
-                put(x)
-        return out
+                data.append(x)
+        return out.pack()
 
     def indices(self, kind: int) -> list[int]:
         """The indices of the requests of ``kind``."""
@@ -218,5 +219,5 @@ def as_requests(requests: Any) -> Requests:
     return requests if isinstance(requests, Requests) else Requests.from_tuples(requests)
 
 
-__all__ = ["KEY_SHIFT", "POOL_MASK", "POOL_SHIFT", "R_ALLOC", "R_EMPTY", "R_FREEABLE", "R_FREE_DONE", "R_FREE_REQ",
+__all__ = ["KEY_SHIFT", "POOL_FIELD", "POOL_MASK", "POOL_SHIFT", "R_ALLOC", "R_EMPTY", "R_FREEABLE", "R_FREE_DONE", "R_FREE_REQ",
            "R_RESTORE", "R_RETRY", "Requests", "as_requests"]
