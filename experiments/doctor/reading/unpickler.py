@@ -112,6 +112,44 @@ class _Column(dict):
         b = self[raw] = v.to_bytes(8, sys.byteorder)     # as array("q") holds it
         return b
 
+    def pack(self, raws: list[bytes]) -> bytes:
+        """The values of ``raws`` as 8 bytes each, joined (``array.frombytes`` of a batch).
+        Where every opcode of the batch has one form and width (a trace's addresses and streams
+        mostly do), the argument bytes are moved into place by strided copies, with no lookup
+        per value (the lookups were most of reading a trace in the browser's Python); else,
+        and where a value may be out of range, one lookup each. Raises _OutOfRange."""
+        n = len(raws)
+        if n and sys.byteorder == "little":
+            head = raws[0][:2] if raws[0][:1] == b"\x8a" else raws[0][:1]
+            width = _ARG_BYTES.get(head)
+            if width is not None:
+                step = len(head) + width
+                joined = b"".join(raws)
+                # Every raw starts with its opcode: the first one of another form (or width)
+                # would start where a raw of this one does, and show there.
+                if len(joined) == n * step and all(joined[k::step] == head[k:k + 1] * n for k in range(len(head))):
+                    # non-negative and under the limit: the top byte of each argument says so
+                    if width == 0 or max(joined[step - 1::step]) < min(
+                            0x100 if head in (b"K", b"M") else 0x80, self.limit >> 8 * (width - 1)):
+                        out = bytearray(8 * n)
+                        for k in range(width):
+                            out[k::8] = joined[len(head) + k::step]
+                        return bytes(out)
+        return b"".join(map(self.__getitem__, raws))
+
+
+def _int32s(values: Any, n: int) -> array:
+    """The ``n`` ints of ``values`` as an int32 array: packed at once (an array made from an
+    iterator parses each item as an append does, at several times the cost)."""
+    out = array("i")
+    out.frombytes(struct.pack(f"{n}i", *values))
+    return out
+
+
+# The argument bytes of each integer opcode of a fixed width (little-endian; K and M unsigned,
+# J and LONG1 two's complement): BININT1, BININT2, BININT, LONG1 of 0 to 8 bytes.
+_ARG_BYTES = {b"K": 1, b"M": 2, b"J": 4, **{b"\x8a" + bytes([w]): w for w in range(9)}}
+
 
 class _Shape:
     """A compiled layout of trace entries: the regex and what each match means, and ``run``,
@@ -953,14 +991,16 @@ class Reader:
             sids = None
             if shape.has_frames:
                 # a frames list may be referenced again (torch shares some): its slot gives the stack
-                sids = array("i", map(self._stacks.__getitem__, cols[g["frames"] - 1]))
+                sids = _int32s(map(self._stacks.__getitem__, cols[g["frames"] - 1]), n)
             pids = fsids = None
-            if "pool" in g:
-                pids = array("i", map(self._pools.__getitem__, cols[g["pool"] - 1]))
-            elif "pool_ref" in g:
-                pids = array("i", map(self._pool_refs.__getitem__, cols[g["pool_ref"] - 1]))
+            if "pool" in g or "pool_ref" in g:
+                raws, pools = (cols[g["pool"] - 1], self._pools) if "pool" in g else \
+                    (cols[g["pool_ref"] - 1], self._pool_refs)
+                # a run's entries mostly name one pool: its opcodes then compare equal, unhashed
+                pids = array("i", [pools[raws[0]]]) * n if raws.count(raws[0]) == n else \
+                    _int32s(map(pools.__getitem__, raws), n)
             if "fwd" in g:
-                fsids = array("i", map(self._stacks.__getitem__, cols[g["fwd"] - 1]))
+                fsids = _int32s(map(self._stacks.__getitem__, cols[g["fwd"] - 1]), n)
             self.run_vstart.append(self._vlen())
             self.run_real.append(len(memo))
             missing = fsids.count(-2) if fsids is not None and shape.fwd_slot >= 0 else 0
@@ -988,7 +1028,7 @@ class Reader:
             fwd_all.extend(fsids if fsids is not None else array("i", [-1]) * n)
             any_fwd = any_fwd or fsids is not None
         self._charge(4 * n_all * (any_sids + any_pids + any_fwd))
-        codes = b"".join(map(self._acts.__getitem__, acts_all))        # one byte a row
+        codes = self._acts.pack(acts_all)                               # one byte a row
         if UNKNOWN_CODE in codes:
             for j, c in enumerate(codes):
                 if c == UNKNOWN_CODE:
@@ -1007,7 +1047,7 @@ class Reader:
             column = self.columns[name]
             raws = cols_all[name]
             try:
-                data = b"".join(map(column.__getitem__, raws))
+                data = column.pack(raws)
             except _OutOfRange:
                 j = next(j for j, raw in enumerate(raws) if not 0 <= _int_of(raw) < column.limit)
                 what = "a whole number of bytes" if name == "size" else "a whole number"
@@ -1040,6 +1080,21 @@ class _Acts(dict):
             raise PickleRefused(f"a trace entry whose action is not a string ({_short(v)})")
         code = self[raw] = bytes([ACTION_CODE.get(v, UNKNOWN_CODE)])
         return code
+
+    def pack(self, raws: list[bytes]) -> bytes:
+        """The codes of ``raws``, joined. Where all are one-byte memo references (``h`` and
+        the index), the index bytes are translated through a table of the indices the batch
+        uses, each looked up once, in the order they first appear (so that a bad one is the
+        one a lookup per reference meets first)."""
+        n = len(raws)
+        joined = b"".join(raws)
+        if n and len(joined) == 2 * n and joined[0::2] == b"h" * n:
+            indices = joined[1::2]
+            table = bytearray(256)
+            for i in dict.fromkeys(indices):
+                table[i] = self[b"h" + bytes([i])][0]
+            return indices.translate(table)
+        return b"".join(map(self.__getitem__, raws))
 
 
 class _Pools(dict):
