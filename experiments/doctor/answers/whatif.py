@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Generator, Sequence
 
 from ..errors import InputError
 from ..model.engine import Engine, EngineOutOfMemory, no_cyclic_gc
@@ -23,6 +23,7 @@ from ..model.rules import (H200_TOTAL_MEMORY, LARGE_BUFFER as LARGE_PAGE, SMALL_
 from ..replaying.requests import (KEY_SHIFT, POOL_FIELD, POOL_MASK, POOL_SHIFT, R_ALLOC, R_EMPTY, R_FREE_DONE,
                                   R_FREE_REQ, R_FREEABLE, R_RESTORE, R_RETRY, Requests, as_requests)
 from ..replaying.run import Run
+from ..steps import STEP_MASK, run_steps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,6 +241,14 @@ class _DriverSync:
 def _run_requests(base: Run, requests: Requests, wi: WhatIf, cap_bytes: int | None, total_memory: int,
                   stop_at: int | None, address_order: str = "down", keep_retries: bool = False,
                   series: bool = False) -> tuple[Run, Engine]:
+    return run_steps(_request_steps(base, requests, wi, cap_bytes, total_memory, stop_at, address_order,
+                                    keep_retries, series))
+
+
+def _request_steps(base: Run, requests: Requests, wi: WhatIf, cap_bytes: int | None, total_memory: int,
+                   stop_at: int | None, address_order: str, keep_retries: bool,
+                   series: bool) -> Generator[None, None, tuple[Run, Engine]]:
+    # _run_requests as a generator run in steps (experiments.doctor.steps)
     # the what-if follows the best-fit order of the torch release the recording matched
     eng = Engine(wi.config, cap_bytes=cap_bytes, total_memory=total_memory, address_order=address_order,
                  rule=base.rule)
@@ -272,6 +281,8 @@ def _run_requests(base: Run, requests: Requests, wi: WhatIf, cap_bytes: int | No
     default_pool = pools[0]
     data = requests.data if stop_at is None else requests.data[:max(stop_at, 0)]
     for k, x in enumerate(data):
+        if not k & STEP_MASK:
+            yield
         kind = x & 7
         if eng.pending_count and (kind == R_ALLOC or kind == R_RESTORE or kind == R_RETRY):
             timing = max(timing, _pending_bound(eng))

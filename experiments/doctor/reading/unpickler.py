@@ -31,9 +31,10 @@ import sys
 from array import array
 from bisect import bisect_right
 from itertools import accumulate
-from typing import Any
+from typing import Any, Generator
 
 from ..errors import PickleRefused
+from ..steps import run_steps
 from .rows import ACTION_CODE, ACTIONS, ADDR_LIMIT, NEEDS, OOM_CODE, SIZE_LIMIT, UNKNOWN_CODE, Rows
 
 _I4 = struct.Struct("<i").unpack_from
@@ -259,6 +260,10 @@ class Reader:
 
     # -- the main loop
     def load(self) -> Any:
+        """The pickle's object (read in steps: experiments.doctor.steps)."""
+        return run_steps(self._load())
+
+    def _load(self) -> Generator[None, None, Any]:
         data, n = self.data, len(self.data)
         stack: list[Any] = []
         marks: list[int] = []
@@ -282,6 +287,7 @@ class Reader:
                 fast = self._try_fast(stack, marks, pos - 1) if self.shapes else None
                 if fast is not None:
                     pos = fast
+                    yield                                    # a step: a batch of entries read
                     continue
                 self._charge(cost_cont)
                 push({})

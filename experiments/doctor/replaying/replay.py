@@ -30,12 +30,13 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_right, insort
-from typing import Any, Sequence
+from typing import Any, Generator, Sequence
 
 from ..errors import ImpossibleTraceError
 from ..model.engine import Engine, EngineOutOfMemory, no_cyclic_gc
 from ..model.rules import DEFAULT_POOL, H200_TOTAL_MEMORY, SMALL_SIZE, get_allocation_size
 from ..reading.rows import ALLOC, FREE_DONE, FREE_REQ, OOM, SEG_ALLOC, SEG_FREE, SEG_MAP, SEG_UNMAP, SNAPSHOT
+from ..steps import STEP_MASK, run_steps
 from .attribution import PoolAttribution, alternatives, search
 from .requests import KEY_SHIFT, R_ALLOC, R_FREE_DONE, R_FREE_REQ, R_FREEABLE, R_RESTORE, R_RETRY, Requests
 from .run import Run
@@ -141,10 +142,11 @@ class _Replayer:
 
     def run(self) -> Run:
         """Replay the trace (up to ``stop_at``); the Run is also kept as ``result``."""
-        self.result = self._run()
+        self.result = run_steps(self._run())
         return self.result
 
-    def _run(self) -> Run:
+    def _run(self) -> Generator[None, None, Run]:
+        # a generator run in steps (experiments.doctor.steps): it returns the Run
         trace, eng = self.trace, self.engine
         private = self.attribution.private
         run = Run(trace.settings)
@@ -184,6 +186,8 @@ class _Replayer:
             # sizes and streams are read where a request needs them: an int made from an array
             # costs as much as the rest of a free's step in the browser's Python
             for i, code, addr in zip(range(stop), codes, addrs):
+                if not i & STEP_MASK:
+                    yield
                 if code == FREE_REQ:
                     if buf:
                         self._flush_empty(i, buf)
