@@ -271,7 +271,7 @@ def _request_steps(base: Run, requests: Requests, wi: WhatIf, cap_bytes: int | N
         except EngineOutOfMemory:
             run.oom_requests.append((-1, req))
     malloc, free_req, free_done, empty = eng.malloc, eng.free_requested, eng.free_completed, eng.empty_cache
-    alloc_a: list[int] = []           # the series, packed at the end (Run.pack)
+    alloc_a: list[int] = []           # the series, packed at each step (Run.pack)
     res_a: list[int] = []
     peak_a, peak_r, peak_k = 0, -1, 0
     timing = retries_fit = 0
@@ -282,6 +282,7 @@ def _request_steps(base: Run, requests: Requests, wi: WhatIf, cap_bytes: int | N
     data = requests.data if stop_at is None else requests.data[:max(stop_at, 0)]
     for k, x in enumerate(data):
         if not k & STEP_MASK:
+            run.pack(alloc_a, res_a)
             yield
         kind = x & 7
         if eng.pending_count and (kind == R_ALLOC or kind == R_RESTORE or kind == R_RETRY):

@@ -166,9 +166,9 @@ class _Replayer:
                 alive.discard(addr)
         buf: list[int] = []                  # indices of segment events since the last request
         reqs = self.requests
-        # the request log and the series grow as lists, packed once at the end (Run.pack): a
-        # list's append, called as a method, costs a fraction of an array's
-        data = reqs.data
+        # the request log and the series grow as short lists packed at each step (Requests.tail,
+        # Run.pack): a list's append, called as a method, costs a fraction of an array's
+        tail = reqs.tail
         series = self.series
         peak_a, peak_r, peak_k = 0, -1, 0     # the peaks after a request, and which request
         alloc_a: list[int] = []
@@ -187,6 +187,8 @@ class _Replayer:
             # costs as much as the rest of a free's step in the browser's Python
             for i, code, addr in zip(range(stop), codes, addrs):
                 if not i & STEP_MASK:
+                    reqs.pack()
+                    run.pack(alloc_a, res_a)
                     yield
                 if code == FREE_REQ:
                     if buf:
@@ -196,7 +198,7 @@ class _Replayer:
                         self._unknown_block(i, "free_requested", addr)
                     free_req(blk)
                     pending[addr] = blk
-                    data.append(R_FREE_REQ | keys[addr] << KEY_SHIFT)
+                    tail.append(R_FREE_REQ | keys[addr] << KEY_SHIFT)
                     if series:
                         alloc_a.append(eng.allocated_bytes)
                         res_a.append(eng.reserved_bytes)
@@ -209,14 +211,14 @@ class _Replayer:
                         # skip_actions=["free_requested"]: the free is recorded once, completed
                         blk = live.pop(addr)
                         free_req(blk)
-                        data.append(R_FREE_REQ | keys[addr] << KEY_SHIFT)
+                        tail.append(R_FREE_REQ | keys[addr] << KEY_SHIFT)
                         if series:
                             alloc_a.append(eng.allocated_bytes)
                             res_a.append(eng.reserved_bytes)
                     if blk is None:
                         self._unknown_block(i, "free_completed", addr)
                     free_done(blk)
-                    data.append(R_FREE_DONE | keys.pop(addr) << KEY_SHIFT)
+                    tail.append(R_FREE_DONE | keys.pop(addr) << KEY_SHIFT)
                     if series:
                         alloc_a.append(eng.allocated_bytes)
                         res_a.append(eng.reserved_bytes)
@@ -253,7 +255,7 @@ class _Replayer:
                             keys[addr] = key
                             self.next_key = key + 1
                             if pool is DEFAULT_POOL:
-                                data.append(key << KEY_SHIFT)  # R_ALLOC in pool 0, the default
+                                tail.append(key << KEY_SHIFT)  # R_ALLOC in pool 0, the default
                             else:
                                 reqs.add_alloc(R_ALLOC, key, pool)
                 elif code <= SEG_UNMAP:
@@ -267,7 +269,7 @@ class _Replayer:
                         self._flush_empty(i, buf)
                     run.marks.append((i, eng.allocated_bytes, eng.reserved_bytes))
                     if series:
-                        run.mark_points.append(len(alloc_a))
+                        run.mark_points.append(len(run.allocated) + len(alloc_a))
                     continue
                 elif code == OOM:
                     self._oom(i, buf, sizes[i], streams[i])

@@ -37,8 +37,7 @@ _IS_ALLOC = bytes(int(c == ALLOC) for c in range(256))     # a trace code -> 1 f
 class Requests:
     """The requests of a replay, in order; what-ifs run them again.
 
-    Each request is one int64 in ``data``: ``kind | pool << 3 | key << 23`` (a list while a
-    replay adds to it, an array once :meth:`pack` ed). ``kind`` is one of
+    Each request is one int64 in ``data``: ``kind | pool << 3 | key << 23``. ``kind`` is one of
     the R_* codes above; ``pool`` an index into ``pools`` (R_ALLOC,
     R_RESTORE, R_EMPTY); ``key`` the block's key (R_ALLOC, R_RESTORE, R_FREE_REQ, R_FREE_DONE).
     R_FREEABLE and R_RETRY keep their tuple in ``extras`` under their index. A block's bytes
@@ -51,13 +50,19 @@ class Requests:
     (R_ALLOC, key, bytes, stream, pool), (R_FREE_REQ, key), (R_FREE_DONE, key), (R_EMPTY, pool),
     (R_RETRY, bytes, stream, pool), (R_FREEABLE, pools), (R_RESTORE, key, bytes, stream, pool).
 
+    A replay appends to ``tail``, a short list (an append to a list costs a fraction of one to
+    an array, which parses its argument: in the browser's Python, the most a replay did per
+    request), packed into ``data`` by :meth:`pack`, at each of the replay's steps and whenever
+    ``data`` is read.
+
     Raises ImpossibleTraceError when a trace uses more than 2^20 pools.
     """
 
-    __slots__ = ("data", "pools", "_pool_index", "extras", "first", "_events", "_sizes", "_streams")
+    __slots__ = ("_data", "tail", "pools", "_pool_index", "extras", "first", "_events", "_sizes", "_streams")
 
     def __init__(self, events: Any = None, first: int = 0) -> None:
-        self.data: Any = []
+        self._data = array("q")
+        self.tail: list[int] = []
         self.pools: list[tuple[int, int]] = [DEFAULT_POOL]
         self._pool_index = {DEFAULT_POOL: 0}
         self.extras: dict[int, tuple] = {}
@@ -67,10 +72,18 @@ class Requests:
         self._streams: Any = None
 
     # -- building
+    @property
+    def data(self) -> array:
+        """Every request, as the int64 array (the tail packed first)."""
+        if self.tail:
+            self.pack()
+        return self._data
+
     def pack(self) -> "Requests":
-        """The log made compact once built: ``data`` an int64 array (returns the log)."""
-        if type(self.data) is list:
-            self.data = int64s(self.data)
+        """Move the tail's requests into ``data`` (returns the log)."""
+        if self.tail:
+            self._data.extend(int64s(self.tail))
+            self.tail.clear()
         return self
 
     def pool_index(self, pool: tuple[int, int]) -> int:
@@ -85,15 +98,15 @@ class Requests:
 
     def add_alloc(self, kind: int, key: int, pool: tuple[int, int]) -> None:
         """An R_ALLOC or R_RESTORE of block ``key`` (its bytes and stream: see the class)."""
-        self.data.append(kind | self.pool_index(pool) << POOL_SHIFT | key << KEY_SHIFT)
+        self.tail.append(kind | self.pool_index(pool) << POOL_SHIFT | key << KEY_SHIFT)
 
     def add_empty(self, pool: tuple[int, int]) -> None:
-        self.data.append(R_EMPTY | self.pool_index(pool) << POOL_SHIFT)
+        self.tail.append(R_EMPTY | self.pool_index(pool) << POOL_SHIFT)
 
     def add_extra(self, request: tuple) -> None:
         """A rare request (R_FREEABLE, R_RETRY), kept as its tuple."""
-        self.extras[len(self.data)] = request
-        self.data.append(request[0])
+        self.extras[len(self)] = request
+        self.tail.append(request[0])
 
     @classmethod
     def from_tuples(cls, requests: Iterable[tuple]) -> "Requests":
@@ -116,7 +129,7 @@ class Requests:
                     sizes[key], streams[key] = r[2], r[3]
                     out.add_alloc(kind, key, r[4])
                 else:
-                    out.data.append(kind | key << KEY_SHIFT)
+                    out.tail.append(kind | key << KEY_SHIFT)
             elif kind == R_EMPTY:
                 out.add_empty(r[1])
             elif kind in (R_FREEABLE, R_RETRY):
@@ -194,7 +207,7 @@ class Requests:
         return self.extras[k]
 
     def __len__(self) -> int:
-        return len(self.data)
+        return len(self._data) + len(self.tail)
 
     def __iter__(self) -> Iterator[tuple]:
         return map(self._tuple, range(len(self.data)), self.data)

@@ -137,9 +137,14 @@ class Run:
         return out
 
     def pack(self, allocated: list[int], reserved: list[int]) -> None:
-        """Keep the series a loop collected (:func:`int64s`); none kept without ``series``."""
-        if allocated or reserved:
-            self.allocated, self.reserved = int64s(allocated), int64s(reserved)
+        """Move the values a loop collected since its last call into the series (the lists are
+        emptied): at each of its steps, so that they never hold more than a step's values."""
+        if allocated:
+            self.allocated.extend(int64s(allocated))
+            allocated.clear()
+        if reserved:
+            self.reserved.extend(int64s(reserved))
+            reserved.clear()
 
     def finish(self, engine: Any) -> None:
         """Take the final figures and layout from ``engine`` (a
