@@ -232,5 +232,5 @@ def as_requests(requests: Any) -> Requests:
     return requests if isinstance(requests, Requests) else Requests.from_tuples(requests)
 
 
-__all__ = ["KEY_SHIFT", "POOL_FIELD", "POOL_MASK", "POOL_SHIFT", "R_ALLOC", "R_EMPTY", "R_FREEABLE", "R_FREE_DONE", "R_FREE_REQ",
-           "R_RESTORE", "R_RETRY", "Requests", "as_requests"]
+__all__ = ["KEY_SHIFT", "POOL_FIELD", "POOL_MASK", "POOL_SHIFT", "R_ALLOC", "R_EMPTY", "R_FREEABLE", "R_FREE_DONE",
+           "R_FREE_REQ", "R_RESTORE", "R_RETRY", "Requests", "as_requests"]

@@ -17,7 +17,7 @@ from typing import Any
 
 def int64s(values: list[int]) -> array:
     """``values`` as an int64 array, packed at once. The replay and the what-ifs collect a value
-    per request in a list and pack it at the end: an array's append parses its argument, which
+    per request in a list and pack it at each step: an array's append parses its argument, which
     made it their costliest step in the browser's Python (three times a list's append and the
     packing together)."""
     out = array("q")
