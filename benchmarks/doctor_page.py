@@ -14,9 +14,11 @@ Prints, for a built book (``make book`` writes _build/html):
   lab's real 450k-event eager loop (benchmarks/data/doctor_cases/eager_long.pickle.gz); target 12 s;
 - on that snapshot with the page's own settings (one what-if and the grid), Python loaded in the
   tab: when the replay shows, when the what-if shows (target 5 s on a machine not shared), the
-  grid's first settings as they fill in, and how soon Stop ends it.
+  grid's first settings as they fill in, and how soon Stop ends it. ``--first-answer`` measures
+  only that, ``--repeats`` times, alternating with the ``--compare`` site if given, and prints
+  each run and the medians (with the load average at each run's start).
 
-Usage: python benchmarks/doctor_page.py [--site DIR] [--compare DIR] [--large PATH] [--repeats N]
+Usage: python benchmarks/doctor_page.py [--site DIR] [--compare DIR] [--large PATH] [--repeats N] [--first-answer]
 """
 from __future__ import annotations
 
@@ -134,7 +136,8 @@ def speed(browser, site: Path, large: Path | None, repeats: int) -> None:
         srv.shutdown()
 
 
-def first_answer(browser, origin: str, large: Path) -> None:
+def first_answer(browser, origin: str, large: Path) -> tuple[float, float] | None:
+    """Print the first answer's timings; returns (replay shown, what-if shown) in seconds."""
     tab = Tab(browser, origin)
     try:
         _set_what_ifs(tab.page, ["expandable_segments:True"], [])
@@ -154,8 +157,32 @@ def first_answer(browser, origin: str, large: Path) -> None:
               f"shown {got.get('replaySeconds')} s after the drop, the what-if {got['firstResultSeconds']} s (target 5 s "
               f"unshared; replay {secs['replay']:.1f} s, what-if {secs['what_if'][0]:.1f} s); 2 grid settings in, "
               f"Stop took {stop_s:.2f} s")
+        return float(got["replaySeconds"]), float(got["firstResultSeconds"])
     finally:
         tab.close()
+
+
+def first_answers(browser, sites: dict[str, Path], large: Path, repeats: int) -> None:
+    """:func:`first_answer` ``repeats`` times per site, the sites in turn (a burst of load falls on
+    each), then the medians."""
+    got: dict[str, list[tuple[float, float, float]]] = {name: [] for name in sites}
+    for _ in range(repeats):
+        for name, site in sites.items():
+            origin, srv = serve(site)
+            load = os.getloadavg()[0]
+            try:
+                print(f"{name}: ", end="")
+                t = first_answer(browser, origin, large)
+            finally:
+                srv.shutdown()
+            if t is not None:
+                got[name].append((*t, load))
+    for name, runs in got.items():
+        if runs:
+            print(f"{name} ({sites[name]}): the replay shown {statistics.median(r[0] for r in runs):.2f} s, the what-if "
+                  f"{statistics.median(r[1] for r in runs):.2f} s after the drop (medians of {len(runs)}; runs "
+                  f"{', '.join(f'{r[0]:.2f}/{r[1]:.2f}' for r in runs)} s; load average at their start "
+                  f"{', '.join(f'{r[2]:.1f}' for r in runs)})")
 
 
 def main() -> None:
@@ -165,8 +192,19 @@ def main() -> None:
     ap.add_argument("--large", type=Path, help="a large snapshot pickle (default: the lab's real 450k-event trace)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--skip-speed", action="store_true")
+    ap.add_argument("--first-answer", action="store_true",
+                    help="only the first answer on the large snapshot, --repeats times (and on --compare's site)")
     a = ap.parse_args()
     from playwright.sync_api import sync_playwright
+
+    if a.first_answer:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=os.environ.get("CUDA_MEMLAB_CHROMIUM", "/usr/bin/chromium"),
+                                        args=["--no-sandbox"])
+            sites = {"site": a.site, **({"compare": a.compare} if a.compare else {})}
+            first_answers(browser, sites, a.large or long_snapshot(Path(tempfile.mkdtemp())), a.repeats)
+            browser.close()
+        return
 
     print(f"files of the page 'Check your own snapshot' in {a.site}:")
     shipped(a.site)

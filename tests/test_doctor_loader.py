@@ -146,3 +146,31 @@ def test_a_bad_value_deep_in_a_long_trace_names_its_entry(field, value):
         r.load()
     assert f"trace entry {k} (alloc): '{field}'" in str(info.value), str(info.value)
     assert r.fast_rows > 1000
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_columns_of_one_integer_width_read_as_pickle_loads(seed):
+    """A batch whose integers all have one opcode and width is converted without a lookup per
+    value (the reader's strided path): every width pickle writes, values at the edges of each
+    and of the columns' ranges, and a batch that mixes widths, read as ``pickle.loads`` reads
+    them; a value out of range is still named by its entry."""
+    rng = random.Random(seed)
+    widths = [(0, 0xFF), (0x100, 0xFFFF), (0x10000, (1 << 31) - 1)] + [
+        (1 << (8 * w - 9), (1 << (8 * w - 1)) - 1) for w in range(4, 9)]   # K, M, J, then LONG1 of 4 to 8 bytes
+    entries = []
+    for lo, hi in widths + [(0, (1 << 45) - 1)]:            # the last: every width in one batch
+        for _ in range(1500):                               # more than one APPENDS batch of 1,000
+            size = rng.choice([lo, hi, rng.randint(lo, hi)]) or 1
+            entries.append({"action": "alloc", "addr": min(rng.randint(lo, hi), (1 << 62) - 1),
+                            "size": min(size, (1 << 46) - 1), "stream": min(rng.choice([lo, hi]), (1 << 62) - 1)})
+    snap = {"segments": [], "device_traces": [entries]}
+    r = Reader(pickle.dumps(snap, protocol=4), budget_bytes=1 << 30)
+    rows = r.load()["device_traces"][0]
+    assert [(rows.addrs[i], rows.sizes[i], rows.streams[i]) for i in range(len(rows))] == [
+        (e["addr"], e["size"], e["stream"]) for e in entries]
+    assert r.fast_rows > 0.9 * len(entries)
+    k = rng.randrange(2000, len(entries))
+    entries[k]["size"] = 1 << 46                             # one past the sizes' range, in a uniform batch
+    with pytest.raises(Exception) as info:
+        Reader(pickle.dumps(snap, protocol=4), budget_bytes=1 << 30).load()
+    assert f"trace entry {k} (alloc): 'size'" in str(info.value), str(info.value)

@@ -122,7 +122,7 @@ def _order(seg: dict[str, Any]) -> tuple[int, int]:
     return (0 if live and free else 1, -free if live else -seg["total_size"])
 
 
-def figure_data(report: Any, points: int = POINTS) -> dict[str, Any]:
+def figure_data(report: Any, points: int = POINTS, known: dict[int, dict[str, Any]] | None = None) -> dict[str, Any]:
     """The timeline the page draws: reserved and allocated bytes per setting (recorded run first).
 
     Returns:
@@ -132,19 +132,27 @@ def figure_data(report: Any, points: int = POINTS) -> dict[str, Any]:
         numbers, x are request indices.
     """
     # the run itself when the doctor kept its series (series=True)
-    return _figure([report.series(shown) for shown in [report.replay] + list(report.what_ifs)], points)
+    return _figure([report.series(shown) for shown in [report.replay] + list(report.what_ifs)], points, known)
 
 
-def _figure(shown: Sequence[Any], points: int = POINTS) -> dict[str, Any]:
-    """:func:`figure_data` of Runs that kept their series, the recorded run first."""
+def _figure(shown: Sequence[Any], points: int = POINTS,
+            known: dict[int, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """:func:`figure_data` of Runs that kept their series, the recorded run first. ``known``:
+    the recorded run's line by ``id(run)``, kept from the page's first answer (:func:`run`):
+    its envelope is most of the time from the what-if's end to the answer that shows it."""
     runs = []
     for k, run in enumerate(shown):
-        xs, res = _envelope(run.reserved, points)
-        _, alloc = _envelope(run.allocated, points)
-        runs.append({"label": ("recorded: " if k == 0 else "") + (run.settings or "defaults"), "recorded": k == 0,
-                     "requests": len(run.reserved),
-                     "x": xs, "reserved": res, "allocated": alloc, "peak_reserved_bytes": run.peak_reserved_bytes,
-                     "ooms": [i for i, _ in run.oom_requests if i >= 0][:200]})
+        line = known.get(id(run)) if known is not None and k == 0 else None
+        if line is None:
+            xs, res = _envelope(run.reserved, points)
+            _, alloc = _envelope(run.allocated, points)
+            line = {"label": ("recorded: " if k == 0 else "") + (run.settings or "defaults"), "recorded": k == 0,
+                    "requests": len(run.reserved),
+                    "x": xs, "reserved": res, "allocated": alloc, "peak_reserved_bytes": run.peak_reserved_bytes,
+                    "ooms": [i for i, _ in run.oom_requests if i >= 0][:200]}
+            if known is not None and k == 0:
+                known[id(run)] = line
+        runs.append(line)
     return {"requests": max((r["requests"] for r in runs), default=0), "runs": runs}
 
 
@@ -210,6 +218,7 @@ def run(path: str, what_if: Sequence[str] = (), *, cap_bytes: int | None = None,
         return {"ok": False, "error": str(e), "argv": args_list}
     timings: dict[str, Any] = {"read": 0.0, "replay": 0.0, "what_if": [], "grid": []}
     base: dict[str, Any] = {}
+    lines: dict[int, dict[str, Any]] = {}     # the recorded run's line of the figure, made once
 
     def step(s: Any) -> None:
         # The doctor's steps (experiments.doctor.answers.progress): say the one that starts,
@@ -221,9 +230,10 @@ def run(path: str, what_if: Sequence[str] = (), *, cap_bytes: int | None = None,
                 base["run"] = s.result
                 if args.what_if and "trace" in base:
                     partial("replay", json.dumps(replay_answer(base["trace"], s.result, args.what_if, s.seconds,
-                                                              timings["read"])))
+                                                              timings["read"], known=lines)))
             elif s.stage == "report":
-                partial("early", json.dumps(early_answer(s.result, args_list, timings, grid=_grid_follows(args, s.result))))
+                partial("early", json.dumps(early_answer(s.result, args_list, timings,
+                                                         grid=_grid_follows(args, s.result), known=lines)))
                 say("the report and the segments at the peak")
                 partial("details", json.dumps({"ok": True, **details(s.result)}))
             elif s.stage == "grid":
@@ -271,7 +281,8 @@ def _grid_follows(args: argparse.Namespace, report: Any) -> str | None:
     return "oom" if first_oom(report.trace) is not None else None
 
 
-def replay_answer(trace: Any, run: Any, what_if: Sequence[str], seconds: float, read_seconds: float = 0.0) -> dict[str, Any]:
+def replay_answer(trace: Any, run: Any, what_if: Sequence[str], seconds: float, read_seconds: float = 0.0,
+                  known: dict[int, dict[str, Any]] | None = None) -> dict[str, Any]:
     """The page's very first answer on a long trace: the recorded run replayed, before the
     what-ifs (the doctor's ``replay`` step).
 
@@ -284,10 +295,11 @@ def replay_answer(trace: Any, run: Any, what_if: Sequence[str], seconds: float, 
     return {"ok": True, "replay_only": True, "pending": list(what_if),
             "json": {"trace_events": len(trace.events), "settings": trace.settings, "replay": run.summary(),
                      "what_if": []},
-            "figure": _figure([run]), "seconds": {"read": read_seconds, "replay": seconds, "what_if": []}}
+            "figure": _figure([run], known=known), "seconds": {"read": read_seconds, "replay": seconds, "what_if": []}}
 
 
-def early_answer(report: Any, args_list: Sequence[str], timings: dict[str, Any], grid: str | None) -> dict[str, Any]:
+def early_answer(report: Any, args_list: Sequence[str], timings: dict[str, Any], grid: str | None,
+                 known: dict[int, dict[str, Any]] | None = None) -> dict[str, Any]:
     """The page's first answer, at the doctor's ``report`` step (the replay and the what-ifs
     done; the suggestion and the OOM explanation, which need the grid, not yet).
 
@@ -300,7 +312,7 @@ def early_answer(report: Any, args_list: Sequence[str], timings: dict[str, Any],
     """
     text = json.dumps(report.to_json()) + "\n"
     return {"ok": True, "early": True, "argv": [a for a in args_list if a != "--suggest"], "json_text": text,
-            "json": json.loads(text), "figure": figure_data(report), "oom_text": None, "stopped": report.stopped_lines(),
+            "json": json.loads(text), "figure": figure_data(report, known=known), "oom_text": None, "stopped": report.stopped_lines(),
             "seconds": {"read": timings["read"], "replay": timings["replay"], "what_if": list(timings["what_if"]),
                         "grid": []}, "grid": grid}
 

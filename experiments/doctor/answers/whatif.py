@@ -14,15 +14,16 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Generator, Sequence
 
 from ..errors import InputError
 from ..model.engine import Engine, EngineOutOfMemory, no_cyclic_gc
 from ..model.rules import (H200_TOTAL_MEMORY, LARGE_BUFFER as LARGE_PAGE, SMALL_BUFFER, AllocatorConfig,
                            get_allocation_size)
-from ..replaying.requests import (KEY_SHIFT, POOL_MASK, POOL_SHIFT, R_ALLOC, R_EMPTY, R_FREE_DONE, R_FREE_REQ,
-                                  R_FREEABLE, R_RESTORE, R_RETRY, Requests, as_requests)
+from ..replaying.requests import (KEY_SHIFT, POOL_FIELD, POOL_MASK, POOL_SHIFT, R_ALLOC, R_EMPTY, R_FREE_DONE,
+                                  R_FREE_REQ, R_FREEABLE, R_RESTORE, R_RETRY, Requests, as_requests)
 from ..replaying.run import Run
+from ..steps import STEP_MASK, run_steps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,6 +241,14 @@ class _DriverSync:
 def _run_requests(base: Run, requests: Requests, wi: WhatIf, cap_bytes: int | None, total_memory: int,
                   stop_at: int | None, address_order: str = "down", keep_retries: bool = False,
                   series: bool = False) -> tuple[Run, Engine]:
+    return run_steps(_request_steps(base, requests, wi, cap_bytes, total_memory, stop_at, address_order,
+                                    keep_retries, series))
+
+
+def _request_steps(base: Run, requests: Requests, wi: WhatIf, cap_bytes: int | None, total_memory: int,
+                   stop_at: int | None, address_order: str, keep_retries: bool,
+                   series: bool) -> Generator[None, None, tuple[Run, Engine]]:
+    # _run_requests as a generator run in steps (experiments.doctor.steps)
     # the what-if follows the best-fit order of the torch release the recording matched
     eng = Engine(wi.config, cap_bytes=cap_bytes, total_memory=total_memory, address_order=address_order,
                  rule=base.rule)
@@ -251,30 +260,38 @@ def _run_requests(base: Run, requests: Requests, wi: WhatIf, cap_bytes: int | No
     address = sync.address
     eng.address_hook = address
     run = Run(wi.settings, rule=base.rule, allocated_upper_bound=base.allocated_upper_bound)
-    blocks: dict[int, Any] = {}
+    sizes, streams = requests.sizes_streams()
+    # the engine's block of each key, in a list indexed by key (a key is allocated at most
+    # once; a request log made by hand may free a key it never allocated: none)
+    n_keys = max(len(sizes), max((key for key, *_ in base.initial), default=-1) + 1)
+    blocks: list[Any] = [None] * n_keys
     for key, req, stream, pool in base.initial:
         try:
             blocks[key] = eng.malloc(max(req, 1), stream, pool)
         except EngineOutOfMemory:
             run.oom_requests.append((-1, req))
     malloc, free_req, free_done, empty = eng.malloc, eng.free_requested, eng.free_completed, eng.empty_cache
-    is_pending = eng.is_pending
-    alloc_a, res_a = run.allocated, run.reserved
+    alloc_a: list[int] = []           # the series, packed at each step (Run.pack)
+    res_a: list[int] = []
     peak_a, peak_r, peak_k = 0, -1, 0
     timing = retries_fit = 0
     open_keys, open_live, open_peak = base.open_keys, 0, 0
     k = -1
-    sizes, streams = requests.sizes_streams()
     pools, extras = requests.pools, requests.extras
+    default_pool = pools[0]
     data = requests.data if stop_at is None else requests.data[:max(stop_at, 0)]
     for k, x in enumerate(data):
+        if not k & STEP_MASK:
+            run.pack(alloc_a, res_a)
+            yield
         kind = x & 7
         if eng.pending_count and (kind == R_ALLOC or kind == R_RESTORE or kind == R_RETRY):
             timing = max(timing, _pending_bound(eng))
         if kind == R_ALLOC or kind == R_RESTORE:
             key = x >> KEY_SHIFT
             try:
-                blocks[key] = b = malloc(sizes[key], streams[key], pools[(x >> POOL_SHIFT) & POOL_MASK])
+                blocks[key] = b = malloc(sizes[key], streams[key],
+                                         pools[(x >> POOL_SHIFT) & POOL_MASK] if x & POOL_FIELD else default_pool)
                 if open_keys and key in open_keys:
                     open_live += b.size
                     open_peak = max(open_peak, open_live)
@@ -286,15 +303,19 @@ def _run_requests(base: Run, requests: Requests, wi: WhatIf, cap_bytes: int | No
                     run.stopped_at_request = k
         elif kind == R_FREE_REQ:
             key = x >> KEY_SHIFT
-            b = blocks.get(key)
+            b = blocks[key] if key < n_keys else None
             if b is not None:
                 free_req(b)
                 if open_keys and key in open_keys:
                     open_live -= b.size
         elif kind == R_FREE_DONE:
-            b = blocks.pop(x >> KEY_SHIFT, None)
+            key = x >> KEY_SHIFT
+            b = None
+            if key < n_keys:
+                b = blocks[key]
+                blocks[key] = None
             # a sync of this what-if's own out-of-memory path may have completed it already
-            if b is not None and is_pending(b):
+            if b is not None and b.pending:
                 free_done(b)
         elif kind == R_EMPTY:
             empty(pools[(x >> POOL_SHIFT) & POOL_MASK])
@@ -322,6 +343,7 @@ def _run_requests(base: Run, requests: Requests, wi: WhatIf, cap_bytes: int | No
             alloc_a.append(a)
             res_a.append(b_r)
     run.events_replayed = k + 1
+    run.pack(alloc_a, res_a)
     run.peak_allocated_bytes, run.peak_reserved_bytes, run.peak_index = peak_a, max(peak_r, 0), max(peak_k, 0)
     run.timing_bytes, run.open_bytes, run.retries_fit = timing, open_peak, retries_fit
     run.finish(eng)

@@ -50,7 +50,7 @@ from .rules import (DEFAULT, DEFAULT_POOL, H200_TOTAL_MEMORY, MIN_BLOCK_SIZE, SM
                     round_size, should_split)
 
 _NO_LIMIT = 1 << 62
-_ADDR = (1 << 64) - 1                 # a free list's order key holds the block's address in its low bits
+_ADDR = (1 << 64) - 1                 # a free list's key holds the block's address in its low bits
 # Best fit's order between equal-size free blocks, by torch release (RULES.md §G; read from the
 # releases' libc10_cuda.so: BlockComparatorSize, BlockComparatorRegistrationCounter,
 # BlockComparatorSizeCounterAddress). 2.14 orders as 2.13.
@@ -87,61 +87,69 @@ class Block:
 
 class Segment:
     """One cudaMalloc result, or one expandable virtual range, of one (pool, stream).
-    ``synthetic``: its address is the engine's choice, not the driver's."""
+    ``synthetic``: its address is the engine's choice, not the driver's. ``fl``: the free list
+    of its (pool, small/large, stream), which a free returns its blocks to."""
 
-    __slots__ = ("addr", "size", "stream", "pool_id", "small", "expandable", "head", "synthetic", "counter")
+    __slots__ = ("addr", "size", "stream", "pool_id", "small", "expandable", "head", "synthetic", "counter", "fl")
 
     def __init__(self, addr: int, size: int, stream: int, pool_id: tuple[int, int], small: bool, expandable: bool,
-                 counter: int = 0):
+                 counter: int = 0, fl: "_FreeList | None" = None):
         self.addr, self.size, self.stream, self.pool_id = addr, size, stream, pool_id
         self.small, self.expandable = small, expandable
         self.head: Block | None = None
         self.synthetic = False
         self.counter = counter    # torch 2.13+: the counter the segment took when cudaMalloc'd
+        self.fl = fl
 
 
 class _FreeList:
     """Free blocks of one (pool id, small/large, stream), sorted by (size, order key): C++'s
     ``BlockPool::blocks`` restricted to one stream (its comparator orders by stream first). The
     order key is the address up to torch 2.11; the block's counter (2.12) or its segment's
-    counter (2.13+) above the address otherwise (``key``); its low 64 bits are the address."""
+    counter (2.13+) above the address otherwise. A block's place is one int (``key``, see
+    _key_address): ints compare, bisect and sort in fewer steps than (size, order) tuples, on
+    the hot path of every replay and what-if."""
 
     __slots__ = ("keys", "blocks", "unmapped", "key")
 
     def __init__(self, key: Callable[[Block], int]) -> None:
-        self.keys: list[tuple[int, int]] = []
+        self.keys: list[int] = []
         self.blocks: dict[int, Block] = {}
         self.unmapped: dict[int, Block] = {}   # expandable: unmapped blocks by address
         self.key = key
 
     def add(self, b: Block) -> None:
-        insort(self.keys, (b.size, self.key(b)))
+        insort(self.keys, self.key(b))
         self.blocks[b.addr] = b
 
     def remove(self, b: Block) -> None:
         keys = self.keys
         k = self.key(b)
-        i = bisect_left(keys, (b.size, k))
-        try:
-            found = keys[i][1] == k
-        except IndexError:
-            found = False
-        if not found:
+        i = bisect_left(keys, k)
+        if i == len(keys) or keys[i] != k:
             raise AssertionError(f"block at {b.addr:#x} ({b.size} B) is not in its free list")
         del keys[i]
         del self.blocks[b.addr]
 
 
+# A free block's key, by torch release: its size above its order key, which takes the low 64
+# bits (the address, up to 2.11) or 128 (a counter above the address); the engine's ``_shift``.
 def _key_address(b: Block) -> int:
-    return b.addr
+    return b.size << 64 | b.addr
 
 
 def _key_block(b: Block) -> int:
-    return b.tie << 64 | b.addr
+    return (b.size << 64 | b.tie) << 64 | b.addr
 
 
 def _key_segment(b: Block) -> int:
-    return b.seg.counter << 64 | b.addr
+    return (b.size << 64 | b.seg.counter) << 64 | b.addr
+
+
+def _expandable_size(b: Block) -> int:
+    # get_free_block's measure of an expandable block: its size and the unmapped block after it
+    n = b.next
+    return b.size + (n.size if n is not None and not n.mapped else 0)
 
 
 class _AddressSpace:
@@ -234,6 +242,7 @@ class Engine:
         self._counter = 0          # registration_counter_global: the counters handed out so far
         self._key: Callable[[Block], int] = (_key_address if rule == "2.11" else
                                               _key_block if rule == "2.12" else _key_segment)
+        self._shift = 64 if rule == "2.11" else 128     # where a free block's key holds its size
         self.config = config
         self.cap_bytes = cap_bytes
         self.total_memory = total_memory
@@ -305,7 +314,7 @@ class Engine:
             block = self._malloc_slow(nbytes, size, small, stream, pool_id, fl)
         else:
             keys = fl.keys                           # fl.remove(block), by the index found
-            block = fl.blocks.pop(keys[i][1] & _ADDR)
+            block = fl.blocks.pop(keys[i] & _ADDR)
             del keys[i]
         return self.alloc_found_block(block, size, nbytes, fl, "small" if small else "large")
 
@@ -367,11 +376,11 @@ class Engine:
         # its age among segments (and, torch 2.12, its blocks' among blocks) from before the
         # recording is not known: they are numbered in the order they are seeded
         self._counter += 1
-        seg = Segment(addr, size, stream, pool_id, small, expandable, counter=self._counter)
+        fl = self._list(pool_id, small, stream)
+        seg = Segment(addr, size, stream, pool_id, small, expandable, self._counter, fl)
         self._segments[addr] = seg
         if expandable:
             self._ranges.setdefault((pool_id, small, stream), []).append(seg)
-        fl = self._list(pool_id, small, stream)
         pieces: list[tuple[int, int, str, int]] = []
         runs = sorted(mapped or [(addr, size)])
         live = sorted(blocks)
@@ -498,47 +507,47 @@ class Engine:
         (a fixed 20 MiB before torch 2.6, §A.6). Only the first candidate is looked at.
         """
         i = self._free_index(fl, size)
-        return None if i < 0 else fl.blocks[fl.keys[i][1] & _ADDR]
+        return None if i < 0 else fl.blocks[fl.keys[i] & _ADDR]
 
     def _free_index(self, fl: _FreeList, size: int) -> int:
         # get_free_block, as the block's index in fl.keys (-1 if none): malloc removes the block
         # by that index without searching for it again (the hot path of every replay)
         keys = fl.keys
         n = len(keys)
-        i = bisect_left(keys, (size, 0))
+        shift = self._shift
+        i = bisect_left(keys, size << shift)
         if i == n:
             return -1
-        b = fl.blocks[keys[i][1] & _ADDR]
+        b = fl.blocks[keys[i] & _ADDR]
         if self._plain and not b.seg.expandable:
-            if i + 1 < n and keys[i + 1][0] == b.size:
+            if i + 1 < n and keys[i + 1] >> shift == b.size:
                 self.rule_ties += 1
                 if self._synthetic_made:
                     self._tie(fl, i, b)
             return i
         if b.seg.expandable:
             if not self._expandable:
-                while i < len(keys) and fl.blocks[keys[i][1] & _ADDR].seg.expandable:
+                while i < n and fl.blocks[keys[i] & _ADDR].seg.expandable:
                     i += 1
-                if i == len(keys):
+                if i == n:
                     return -1
-                b = fl.blocks[keys[i][1] & _ADDR]
+                b = fl.blocks[keys[i] & _ADDR]
             else:
-                def exp_size(x: Block) -> int:
-                    n = x.next
-                    return x.size + (n.size if n is not None and not n.mapped else 0)
-                while i + 1 < len(keys):
-                    nb = fl.blocks[keys[i + 1][1] & _ADDR]
-                    if not (b.seg.expandable and exp_size(nb) < exp_size(b)):
+                size_b = _expandable_size(b)
+                while i + 1 < n and b.seg.expandable:
+                    nb = fl.blocks[keys[i + 1] & _ADDR]
+                    size_nb = _expandable_size(nb)
+                    if size_nb >= size_b:
                         break
                     i += 1
-                    b = nb
+                    b, size_b = nb, size_nb
         limit = self.config.max_split_size
         if limit is not None:
             if size < limit and b.size >= limit:
                 return -1
             if size >= limit and b.size >= size + self.config.max_non_split_rounding:
                 return -1
-        if i + 1 < len(keys) and keys[i + 1][0] == b.size:
+        if i + 1 < n and keys[i + 1] >> shift == b.size:
             self.rule_ties += 1
             if self._synthetic_made:
                 self._tie(fl, i, b)
@@ -547,10 +556,10 @@ class Engine:
     def _tie(self, fl: _FreeList, i: int, b: Block) -> Block:
         # Equal sizes go by address: count the choice if the driver might have ordered the
         # segments the other way (one of them has an address of the engine's).
-        keys = fl.keys
+        keys, shift = fl.keys, self._shift
         j = i + 1
-        while j < len(keys) and keys[j][0] == b.size:
-            nb = fl.blocks[keys[j][1] & _ADDR]
+        while j < len(keys) and keys[j] >> shift == b.size:
+            nb = fl.blocks[keys[j] & _ADDR]
             if nb.seg is not b.seg and (nb.seg.synthetic or b.seg.synthetic):
                 self.address_ties += 1
                 break
@@ -593,7 +602,7 @@ class Engine:
         remaining = block.size - size
         # (no rule splits off less than 512 B: an exact fit skips the call)
         if remaining >= MIN_BLOCK_SIZE and should_split(block.size, size, pool, self.config):
-            rest = Block(block.addr + size, remaining, block.seg, block, block.next, tie=block.tie)
+            rest = Block(block.addr + size, remaining, block.seg, block, block.next, True, block.tie)
             if block.next is not None:
                 block.next.prev = rest
             block.next = rest
@@ -604,7 +613,7 @@ class Engine:
                 # remainder is the old object (our objects are the other way round)
                 self._counter += 1
                 block.tie = self._counter
-            insort(fl.keys, (remaining, self._key(rest)))  # fl.add(rest), inlined
+            insort(fl.keys, self._key(rest))         # fl.add(rest), inlined
             fl.blocks[rest.addr] = rest
         block.allocated = True
         block.requested = nbytes
@@ -680,7 +689,7 @@ class Engine:
             return self.try_allocate_expandable_block(size, small, stream, pool_id)
         addr = self._next_address(alloc)
         self._counter += 1
-        seg = Segment(addr, alloc, stream, pool_id, small, False, counter=self._counter)
+        seg = Segment(addr, alloc, stream, pool_id, small, False, self._counter, self._list(pool_id, small, stream))
         seg.synthetic = self._synthetic
         seg.head = Block(addr, alloc, seg, tie=self._counter)
         self._segments[addr] = seg
@@ -702,8 +711,7 @@ class Engine:
         block.pending = False
         self.pending_count -= 1
         self.active_bytes -= block.size
-        seg = block.seg
-        self.try_merge_blocks(self._free[(seg.pool_id, seg.small, seg.stream)], block)
+        self.try_merge_blocks(block.seg.fl, block)
 
     free_completed = free_block
 
@@ -715,7 +723,7 @@ class Engine:
         keys, blocks = fl.keys, fl.blocks          # fl.remove / fl.add inlined (the hot path)
         key = self._key
         if prev is not None and not prev.allocated and prev.mapped and prev.addr in blocks:
-            del keys[bisect_left(keys, (prev.size, key(prev)))]
+            del keys[bisect_left(keys, key(prev))]
             del blocks[prev.addr]
             block.addr, block.size = prev.addr, block.size + prev.size
             block.prev = prev.prev
@@ -724,14 +732,14 @@ class Engine:
             else:
                 block.seg.head = block
         if nxt is not None and not nxt.allocated and nxt.mapped and nxt.addr in blocks:
-            del keys[bisect_left(keys, (nxt.size, key(nxt)))]
+            del keys[bisect_left(keys, key(nxt))]
             del blocks[nxt.addr]
             block.size += nxt.size
             block.next = nxt.next
             if nxt.next is not None:
                 nxt.next.prev = block
         block.gc_base = self._gc_calls
-        insort(keys, (block.size, key(block)))
+        insort(keys, key(block))
         blocks[block.addr] = block
 
     def synchronize_and_free_events(self, pool_id: tuple[int, int] | None = None) -> None:
@@ -760,7 +768,7 @@ class Engine:
         key = self._key
         cands = sorted((b for (pid, small, _), fl in self._free.items() if pid == DEFAULT_POOL and not small
                         for b in fl.blocks.values() if b.prev is None and b.next is None),
-                       key=lambda b: (b.seg.stream, b.size, key(b)))
+                       key=lambda b: (b.seg.stream, key(b)))
         calls = self._gc_calls
         total_age = sum(calls - b.gc_base for b in cands)
         count = len(cands)
@@ -789,7 +797,7 @@ class Engine:
         releases; older ones incremented every cached block's count on each call (the same
         ages)."""
         for b in self.garbage_collect_plan():
-            self.release_block(self._free[(b.seg.pool_id, b.seg.small, b.seg.stream)], b)
+            self.release_block(b.seg.fl, b)
 
     def release_available_plan(self, fl: _FreeList, size: int) -> tuple[list[Block], bool]:
         """(blocks :meth:`release_available_cached_blocks` would release, whether it succeeds);
@@ -798,17 +806,18 @@ class Engine:
         if limit is None:
             return [], False
         key = max(size, limit)
-        keys = fl.keys
-        i = bisect_left(keys, (key, 0))
-        if i + 1 < len(keys) and keys[i][0] == keys[i + 1][0] or i >= 2 and keys[i - 1][0] == keys[i - 2][0]:
+        keys, shift = fl.keys, self._shift
+        i = bisect_left(keys, key << shift)
+        if (i + 1 < len(keys) and keys[i] >> shift == keys[i + 1] >> shift
+                or i >= 2 and keys[i - 1] >> shift == keys[i - 2] >> shift):
             self.rule_ties += 1                 # which of equal blocks goes depends on the order
-        if i < len(keys) and not fl.blocks[keys[i][1] & _ADDR].seg.expandable:
-            b = fl.blocks[keys[i][1] & _ADDR]
+        if i < len(keys) and not fl.blocks[keys[i] & _ADDR].seg.expandable:
+            b = fl.blocks[keys[i] & _ADDR]
             # C++ releases it even when split (a cudaFree of part of a segment would fail)
             return ([b], True) if b.prev is None and b.next is None else ([], False)
         out, released = [], 0
         for j in range(i - 1, -1, -1):
-            b = fl.blocks[keys[j][1] & _ADDR]
+            b = fl.blocks[keys[j] & _ADDR]
             if released >= key or b.size < limit:
                 break
             if not b.seg.expandable and b.prev is None and b.next is None:
@@ -884,7 +893,7 @@ class Engine:
         """Release every whole free segment of one (pool, stream) and unmap the whole pages of
         its free expandable blocks (C++ ``release_blocks``)."""
         key = self._key
-        for b in sorted(fl.blocks.values(), key=lambda b: (b.size, key(b))):
+        for b in sorted(fl.blocks.values(), key=key):
             if fl.blocks.get(b.addr) is not b:
                 continue
             if b.seg.expandable:
@@ -905,8 +914,7 @@ class Engine:
 
     def release_cached_segment(self, b: Block) -> None:
         """``cudaFree`` of a whole cached segment the trace says was released (:meth:`cached_segment`)."""
-        seg = b.seg
-        self.release_block(self._free[(seg.pool_id, seg.small, seg.stream)], b)
+        self.release_block(b.seg.fl, b)
 
     def release_block(self, fl: _FreeList, b: Block) -> None:
         """``cudaFree`` of a whole cached segment (C++ ``release_block``)."""
@@ -962,7 +970,7 @@ class Engine:
             return None
         addr = self._next_address(rsize)
         self._counter += 1
-        seg = Segment(addr, rsize, stream, pool_id, small, True, counter=self._counter)
+        seg = Segment(addr, rsize, stream, pool_id, small, True, self._counter, fl)
         seg.synthetic = self._synthetic
         seg.head = Block(addr, rsize, seg, mapped=False, tie=self._counter)
         self._segments[addr] = seg

@@ -31,10 +31,10 @@ import sys
 from array import array
 from bisect import bisect_right
 from itertools import accumulate
-from operator import methodcaller
-from typing import Any
+from typing import Any, Generator
 
 from ..errors import PickleRefused
+from ..steps import run_steps
 from .rows import ACTION_CODE, ACTIONS, ADDR_LIMIT, NEEDS, OOM_CODE, SIZE_LIMIT, UNKNOWN_CODE, Rows
 
 _I4 = struct.Struct("<i").unpack_from
@@ -113,15 +113,58 @@ class _Column(dict):
         b = self[raw] = v.to_bytes(8, sys.byteorder)     # as array("q") holds it
         return b
 
+    def pack(self, raws: list[bytes]) -> bytes:
+        """The values of ``raws`` as 8 bytes each, joined (``array.frombytes`` of a batch).
+        Where every opcode of the batch has one form and width (a trace's addresses and streams
+        mostly do), the argument bytes are moved into place by strided copies, with no lookup
+        per value (the lookups were most of reading a trace in the browser's Python); else,
+        and where a value may be out of range, one lookup each. Raises _OutOfRange."""
+        n = len(raws)
+        if n and sys.byteorder == "little":
+            head = raws[0][:2] if raws[0][:1] == b"\x8a" else raws[0][:1]
+            width = _ARG_BYTES.get(head)
+            if width is not None:
+                step = len(head) + width
+                joined = b"".join(raws)
+                # Every raw starts with its opcode: the first one of another form (or width)
+                # would start where a raw of this one does, and show there.
+                if len(joined) == n * step and all(joined[k::step] == head[k:k + 1] * n for k in range(len(head))):
+                    # non-negative and under the limit: the top byte of each argument says so
+                    if width == 0 or max(joined[step - 1::step]) < min(
+                            0x100 if head in (b"K", b"M") else 0x80, self.limit >> 8 * (width - 1)):
+                        out = bytearray(8 * n)
+                        for k in range(width):
+                            out[k::8] = joined[len(head) + k::step]
+                        return bytes(out)
+        return b"".join(map(self.__getitem__, raws))
+
+
+def _int32s(values: Any, n: int) -> array:
+    """The ``n`` ints of ``values`` as an int32 array: packed at once (an array made from an
+    iterator parses each item as an append does, at several times the cost)."""
+    out = array("i")
+    out.frombytes(struct.pack(f"{n}i", *values))
+    return out
+
+
+# The argument bytes of each integer opcode of a fixed width (little-endian; K and M unsigned,
+# J and LONG1 two's complement): BININT1, BININT2, BININT, LONG1 of 0 to 8 bytes.
+_ARG_BYTES = {b"K": 1, b"M": 2, b"J": 4, **{b"\x8a" + bytes([w]): w for w in range(9)}}
+
 
 class _Shape:
-    """A compiled layout of trace entries: the regex and what each match means."""
+    """A compiled layout of trace entries: the regex and what each match means, and ``run``,
+    the regex of up to :data:`_RUN` consecutive entries of the layout."""
 
-    __slots__ = ("regex", "groups", "memo_slots", "has_frames", "put_groups", "frames_slot", "fwd_slot", "pool_slot")
+    __slots__ = ("regex", "run", "groups", "memo_slots", "has_frames", "put_groups", "frames_slot", "fwd_slot",
+                 "pool_slot")
 
     def __init__(self, regex: Any, groups: dict[str, int], memo_slots: list[Any], has_frames: bool,
                  put_groups: list[int]) -> None:
         self.regex, self.groups, self.memo_slots = regex, groups, memo_slots
+        # possessive: the entries as the layout's regex matches them one after the other (a
+        # repeat never gives an entry back once matched, and keeps no state to), found faster
+        self.run = re.compile(b"(?:" + regex.pattern + b"){1,%d}+" % _RUN, regex.flags)
         self.has_frames, self.put_groups = has_frames, put_groups
         self.frames_slot = memo_slots.index(_FRAMES_MEMO) if has_frames else -1
         self.fwd_slot = memo_slots.index(_FWD_MEMO) if _FWD_MEMO in memo_slots else -1
@@ -129,6 +172,9 @@ class _Shape:
         # forward_frames is optional in a layout learnt from an entry that has it: an entry
         # without it has one memo slot fewer (the list's)
 
+
+# Entries matched by one call of a layout's run regex (torch's pickles hold 1,000 per batch).
+_RUN = 4096
 
 _Q8 = struct.Struct("<Q").unpack_from
 _D8 = struct.Struct(">d").unpack_from
@@ -214,6 +260,10 @@ class Reader:
 
     # -- the main loop
     def load(self) -> Any:
+        """The pickle's object (read in steps: experiments.doctor.steps)."""
+        return run_steps(self._load())
+
+    def _load(self) -> Generator[None, None, Any]:
         data, n = self.data, len(self.data)
         stack: list[Any] = []
         marks: list[int] = []
@@ -237,6 +287,7 @@ class Reader:
                 fast = self._try_fast(stack, marks, pos - 1) if self.shapes else None
                 if fast is not None:
                     pos = fast
+                    yield                                    # a step: a batch of entries read
                     continue
                 self._charge(cost_cont)
                 push({})
@@ -869,15 +920,24 @@ class Reader:
             target = self._rows_for(stack, m0 - 1, target)
         data = self.data
         pos = start
-        runs: list[tuple[_Shape, list[Any]]] = []
+        runs: list[tuple[_Shape, list[Any], int, int]] = []
         while True:
-            ms = list(iter(shape.regex.scanner(data, pos).match, None))
-            if ms:
-                runs.append((shape, ms))
-                pos = ms[-1].end()
-                if len(runs) >= 4096:                # bound the matches held at once
+            # The entries that follow, found by one regex, then split into their fields by
+            # another: no match object per entry, which cost as much as the rest of reading it.
+            m = shape.run.match(data, pos)
+            if m is not None:
+                end = m.end()
+                parts = shape.regex.split(data[pos:end])
+                step = shape.regex.groups + 1
+                cols = [parts[j::step] for j in range(1, step)]
+                n = len(cols[0])
+                runs.append((shape, cols, n, pos))
+                pos = end
+                if len(runs) >= 4096:                # bound the entries held at once
                     self._take(target, runs)
                     runs = []
+                if n == _RUN:
+                    continue
             if data[pos:pos + 3] == b"e(}":          # the next batch of APPENDS: same list, same mark
                 nxt = self._match_any(pos + 2)
                 if nxt is None:
@@ -893,15 +953,16 @@ class Reader:
             self._take(target, runs)
         return pos
 
-    def _take(self, rows: Rows, runs: list[tuple[_Shape, list[Any]]]) -> None:
-        """Add the entries of consecutive runs of matches (each run one layout) to ``rows``.
+    def _take(self, rows: Rows, runs: list[tuple[_Shape, list[Any], int, int]]) -> None:
+        """Add the entries of consecutive runs of matches (each run one layout: its regex's groups
+        as columns, the number of entries, where the first starts) to ``rows``.
 
         Each run is recorded in the memo bookkeeping in order (a later entry may refer to an
         earlier one's objects), and its columns are gathered; the columns of all the runs are
         then converted at once: entries of different layouts that alternate (torch 2.12's
         backward allocations carry ``forward_frames``, their frees do not) cost no more than
         one long run of one layout."""
-        n_all = sum(len(ms) for _, ms in runs)
+        n_all = sum(n for _, _, n, _ in runs)
         self.rows_total += n_all
         self.fast_rows += n_all
         if self.rows_total > self.max_rows:
@@ -916,34 +977,36 @@ class Reader:
         any_pids = rows.pools is not None
         any_fwd = rows.fwd is not None
         zero = b"K\x00"
-        for shape, ms in runs:
-            n = len(ms)
+        for shape, cols, n, start in runs:
             g = shape.groups
             k = len(shape.memo_slots)
             if shape.put_groups:
                 # protocols 2 and 3 name each memo index: they must be the next ones, in order
                 want = self._vlen()
-                for m in ms:
-                    for gi in shape.put_groups:
-                        raw = m.group(gi)
+                puts = [cols[gi - 1] for gi in shape.put_groups]
+                for j in range(n):
+                    for col in puts:
+                        raw = col[j]
                         if raw is None:              # an optional list the entry does not have
                             continue
                         got = raw[1] if raw[0] == 0x71 else _U4(raw, 1)[0]
                         if got != want:
-                            raise self._fail(m.start(), "memo indices out of order in a trace entry")
+                            at = list(iter(shape.regex.scanner(self.data, start).match, None))[j].start()
+                            raise self._fail(at, "memo indices out of order in a trace entry")
                         want += 1
-            cols = list(zip(*map(_GROUPS, ms)))
             sids = None
             if shape.has_frames:
                 # a frames list may be referenced again (torch shares some): its slot gives the stack
-                sids = array("i", map(self._stacks.__getitem__, cols[g["frames"] - 1]))
+                sids = _int32s(map(self._stacks.__getitem__, cols[g["frames"] - 1]), n)
             pids = fsids = None
-            if "pool" in g:
-                pids = array("i", map(self._pools.__getitem__, cols[g["pool"] - 1]))
-            elif "pool_ref" in g:
-                pids = array("i", map(self._pool_refs.__getitem__, cols[g["pool_ref"] - 1]))
+            if "pool" in g or "pool_ref" in g:
+                raws, pools = (cols[g["pool"] - 1], self._pools) if "pool" in g else \
+                    (cols[g["pool_ref"] - 1], self._pool_refs)
+                # a run's entries mostly name one pool: its opcodes then compare equal, unhashed
+                pids = array("i", [pools[raws[0]]]) * n if raws.count(raws[0]) == n else \
+                    _int32s(map(pools.__getitem__, raws), n)
             if "fwd" in g:
-                fsids = array("i", map(self._stacks.__getitem__, cols[g["fwd"] - 1]))
+                fsids = _int32s(map(self._stacks.__getitem__, cols[g["fwd"] - 1]), n)
             self.run_vstart.append(self._vlen())
             self.run_real.append(len(memo))
             missing = fsids.count(-2) if fsids is not None and shape.fwd_slot >= 0 else 0
@@ -971,26 +1034,26 @@ class Reader:
             fwd_all.extend(fsids if fsids is not None else array("i", [-1]) * n)
             any_fwd = any_fwd or fsids is not None
         self._charge(4 * n_all * (any_sids + any_pids + any_fwd))
-        codes = b"".join(map(self._acts.__getitem__, acts_all))        # one byte a row
+        codes = self._acts.pack(acts_all)                               # one byte a row
         if UNKNOWN_CODE in codes:
             for j, c in enumerate(codes):
                 if c == UNKNOWN_CODE:
                     rows.unknown[base + j] = str(self._get(_get_index(acts_all[j]), -1))[:100]
         at = 0
-        for shape, ms in runs:                    # a field a run's layout lacks, where its actions need it
+        for shape, _, n, _ in runs:               # a field a run's layout lacks, where its actions need it
             g = shape.groups
             for name in ("addr", "size", "stream"):
                 if g.get(name) is None and (name != "addr" or g.get("device_free") is None):
-                    for j in range(at, at + len(ms)):
+                    for j in range(at, at + n):
                         c = codes[j]
                         if name in NEEDS.get(c, ()) or (name == "addr" and "device_free" in NEEDS.get(c, ())):
                             raise PickleRefused(f"trace entry {base + j} ({ACTIONS[c]}): '{name}' is missing")
-            at += len(ms)
+            at += n
         for name, col in (("addr", rows.addrs), ("size", rows.sizes), ("stream", rows.streams)):
             column = self.columns[name]
             raws = cols_all[name]
             try:
-                data = b"".join(map(column.__getitem__, raws))
+                data = column.pack(raws)
             except _OutOfRange:
                 j = next(j for j, raw in enumerate(raws) if not 0 <= _int_of(raw) < column.limit)
                 what = "a whole number of bytes" if name == "size" else "a whole number"
@@ -1023,6 +1086,21 @@ class _Acts(dict):
             raise PickleRefused(f"a trace entry whose action is not a string ({_short(v)})")
         code = self[raw] = bytes([ACTION_CODE.get(v, UNKNOWN_CODE)])
         return code
+
+    def pack(self, raws: list[bytes]) -> bytes:
+        """The codes of ``raws``, joined. Where all are one-byte memo references (``h`` and
+        the index), the index bytes are translated through a table of the indices the batch
+        uses, each looked up once, in the order they first appear (so that a bad one is the
+        one a lookup per reference meets first)."""
+        n = len(raws)
+        joined = b"".join(raws)
+        if n and len(joined) == 2 * n and joined[0::2] == b"h" * n:
+            indices = joined[1::2]
+            table = bytearray(256)
+            for i in dict.fromkeys(indices):
+                table[i] = self[b"h" + bytes([i])][0]
+            return indices.translate(table)
+        return b"".join(map(self.__getitem__, raws))
 
 
 class _Pools(dict):
@@ -1089,7 +1167,6 @@ class _RowTuple(tuple):
     d = property(lambda self: self[5])
 
 
-_GROUPS = methodcaller("groups")
 _INT_RE_ONE = re.compile(_INT_RE, re.DOTALL)
 _GETS_RE = re.compile(rb"(?:h.|j....)", re.DOTALL)
 

@@ -30,12 +30,13 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_right, insort
-from typing import Any, Sequence
+from typing import Any, Generator, Sequence
 
 from ..errors import ImpossibleTraceError
 from ..model.engine import Engine, EngineOutOfMemory, no_cyclic_gc
 from ..model.rules import DEFAULT_POOL, H200_TOTAL_MEMORY, SMALL_SIZE, get_allocation_size
 from ..reading.rows import ALLOC, FREE_DONE, FREE_REQ, OOM, SEG_ALLOC, SEG_FREE, SEG_MAP, SEG_UNMAP, SNAPSHOT
+from ..steps import STEP_MASK, run_steps
 from .attribution import PoolAttribution, alternatives, search
 from .requests import KEY_SHIFT, R_ALLOC, R_FREE_DONE, R_FREE_REQ, R_FREEABLE, R_RESTORE, R_RETRY, Requests
 from .run import Run
@@ -141,10 +142,11 @@ class _Replayer:
 
     def run(self) -> Run:
         """Replay the trace (up to ``stop_at``); the Run is also kept as ``result``."""
-        self.result = self._run()
+        self.result = run_steps(self._run())
         return self.result
 
-    def _run(self) -> Run:
+    def _run(self) -> Generator[None, None, Run]:
+        # a generator run in steps (experiments.doctor.steps): it returns the Run
         trace, eng = self.trace, self.engine
         private = self.attribution.private
         run = Run(trace.settings)
@@ -153,7 +155,7 @@ class _Replayer:
         # which segment_alloc / range survives to the end: its pool id is in the final state
         survives = bytearray(n)
         alive: set[int] = set()
-        codes, addrs = ev.codes, ev.addrs
+        codes, addrs, sizes, streams = ev.codes, ev.addrs, ev.sizes, ev.streams
         for m in reversed(list(_SEG_EVENTS.finditer(codes.tobytes()))):   # the few segment events, found in C
             i = m.start()
             addr = addrs[i]
@@ -164,11 +166,13 @@ class _Replayer:
                 alive.discard(addr)
         buf: list[int] = []                  # indices of segment events since the last request
         reqs = self.requests
-        put = reqs.data.append
+        # the request log and the series grow as short lists packed at each step (Requests.tail,
+        # Run.pack): a list's append, called as a method, costs a fraction of an array's
+        tail = reqs.tail
         series = self.series
         peak_a, peak_r, peak_k = 0, -1, 0     # the peaks after a request, and which request
-        alloc_a, res_a = run.allocated, run.reserved
-        put_a, put_r = alloc_a.append, res_a.append
+        alloc_a: list[int] = []
+        res_a: list[int] = []
         live, pending, keys = self.live, self.pending, self.keys
         bases, seg_end, seg_pool = self.bases, self.seg_end, self.seg_pool
         malloc, free_req, free_done = eng.malloc, eng.free_requested, eng.free_completed
@@ -179,7 +183,13 @@ class _Replayer:
             run.start_reserved, run.start_allocated = eng.reserved_bytes, eng.allocated_bytes
             only_default = not private
             stop = n if self.stop_at is None else min(n, self.stop_at)
-            for i, code, addr, size, stream in zip(range(stop), codes, addrs, ev.sizes, ev.streams):
+            # sizes and streams are read where a request needs them: an int made from an array
+            # costs as much as the rest of a free's step in the browser's Python
+            for i, code, addr in zip(range(stop), codes, addrs):
+                if not i & STEP_MASK:
+                    reqs.pack()
+                    run.pack(alloc_a, res_a)
+                    yield
                 if code == FREE_REQ:
                     if buf:
                         self._flush_empty(i, buf)
@@ -188,10 +198,10 @@ class _Replayer:
                         self._unknown_block(i, "free_requested", addr)
                     free_req(blk)
                     pending[addr] = blk
-                    put(R_FREE_REQ | keys[addr] << KEY_SHIFT)
+                    tail.append(R_FREE_REQ | keys[addr] << KEY_SHIFT)
                     if series:
-                        put_a(eng.allocated_bytes)
-                        put_r(eng.reserved_bytes)
+                        alloc_a.append(eng.allocated_bytes)
+                        res_a.append(eng.reserved_bytes)
                     continue                 # a free raises no peak
                 elif code == FREE_DONE:
                     if buf:
@@ -201,17 +211,17 @@ class _Replayer:
                         # skip_actions=["free_requested"]: the free is recorded once, completed
                         blk = live.pop(addr)
                         free_req(blk)
-                        put(R_FREE_REQ | keys[addr] << KEY_SHIFT)
+                        tail.append(R_FREE_REQ | keys[addr] << KEY_SHIFT)
                         if series:
-                            put_a(eng.allocated_bytes)
-                            put_r(eng.reserved_bytes)
+                            alloc_a.append(eng.allocated_bytes)
+                            res_a.append(eng.reserved_bytes)
                     if blk is None:
                         self._unknown_block(i, "free_completed", addr)
                     free_done(blk)
-                    put(R_FREE_DONE | keys.pop(addr) << KEY_SHIFT)
+                    tail.append(R_FREE_DONE | keys.pop(addr) << KEY_SHIFT)
                     if series:
-                        put_a(eng.allocated_bytes)
-                        put_r(eng.reserved_bytes)
+                        alloc_a.append(eng.allocated_bytes)
+                        res_a.append(eng.reserved_bytes)
                     continue
                 elif code == ALLOC:
                     if buf:
@@ -220,6 +230,7 @@ class _Replayer:
                     else:
                         # fast path: no segment event, so the block is in a segment the trace knows;
                         # until the trace shows a private pool, every such segment is the default pool's
+                        size, stream = sizes[i], streams[i]
                         if only_default:
                             pool = DEFAULT_POOL
                         else:
@@ -244,11 +255,12 @@ class _Replayer:
                             keys[addr] = key
                             self.next_key = key + 1
                             if pool is DEFAULT_POOL:
-                                put(key << KEY_SHIFT)          # R_ALLOC in pool 0, the default
+                                tail.append(key << KEY_SHIFT)  # R_ALLOC in pool 0, the default
                             else:
                                 reqs.add_alloc(R_ALLOC, key, pool)
                 elif code <= SEG_UNMAP:
                     buf.append(i)
+                    size = sizes[i]
                     self.trace_reserved += size if code == SEG_ALLOC or code == SEG_MAP else -size
                     continue
                 elif code == SNAPSHOT:
@@ -257,10 +269,10 @@ class _Replayer:
                         self._flush_empty(i, buf)
                     run.marks.append((i, eng.allocated_bytes, eng.reserved_bytes))
                     if series:
-                        run.mark_points.append(len(alloc_a))
+                        run.mark_points.append(len(run.allocated) + len(alloc_a))
                     continue
                 elif code == OOM:
-                    self._oom(i, buf, size, stream)
+                    self._oom(i, buf, sizes[i], streams[i])
                     only_default = not private
                 else:
                     raise _Mismatch(i, trace.unknown.get(i, "?"), "a trace entry of a kind the doctor does not "
@@ -272,11 +284,12 @@ class _Replayer:
                 if r > peak_r:
                     peak_r, peak_k = r, len(reqs) - 1
                 if series:
-                    put_a(a)
-                    put_r(r)
+                    alloc_a.append(a)
+                    res_a.append(r)
             if stop < n:           # stopped early on purpose: the state after event stop - 1
                 run.events_replayed = stop
-                run.requests = reqs
+                run.requests = reqs.pack()
+                run.pack(alloc_a, res_a)
                 _peaks(run, peak_a, peak_r, peak_k)
                 run.finish(eng)
                 return run
@@ -294,7 +307,8 @@ class _Replayer:
             run.matches_trace = False
             run.first_mismatch = m.info
         run.events_replayed = i
-        run.requests = reqs
+        run.requests = reqs.pack()
+        run.pack(alloc_a, res_a)
         run.peak_event = self.peak_event
         run.segment_log = self.segment_log
         _peaks(run, peak_a, peak_r, peak_k)

@@ -10,13 +10,14 @@ requests that failed on the GPU) keep their tuple in a side dict keyed by the re
 """
 from __future__ import annotations
 
-import re
 from array import array
+from itertools import compress
 from typing import Any, Iterable, Iterator
 
 from ..errors import ImpossibleTraceError
 from ..model.rules import DEFAULT_POOL
 from ..reading.rows import ALLOC
+from .run import int64s
 
 # Request kinds (small ints, so that the loops stay fast), as tuples: (R_ALLOC, key, bytes,
 # stream, pool), (R_FREE_REQ, key), (R_FREE_DONE, key), (R_EMPTY, pool id: the default for
@@ -29,7 +30,8 @@ POOL_SHIFT = 3
 POOL_BITS = 20
 POOL_MASK = (1 << POOL_BITS) - 1
 KEY_SHIFT = POOL_SHIFT + POOL_BITS       # 41 bits of key left: far more than any trace has
-_ALLOC_CODE = bytes([ALLOC])
+POOL_FIELD = POOL_MASK << POOL_SHIFT     # a request's pool bits: none set for the default pool (index 0)
+_IS_ALLOC = bytes(int(c == ALLOC) for c in range(256))     # a trace code -> 1 for 'alloc', else 0
 
 
 class Requests:
@@ -48,13 +50,19 @@ class Requests:
     (R_ALLOC, key, bytes, stream, pool), (R_FREE_REQ, key), (R_FREE_DONE, key), (R_EMPTY, pool),
     (R_RETRY, bytes, stream, pool), (R_FREEABLE, pools), (R_RESTORE, key, bytes, stream, pool).
 
+    A replay appends to ``tail``, a short list (an append to a list costs a fraction of one to
+    an array, which parses its argument: in the browser's Python, the most a replay did per
+    request), packed into ``data`` by :meth:`pack`, at each of the replay's steps and whenever
+    ``data`` is read.
+
     Raises ImpossibleTraceError when a trace uses more than 2^20 pools.
     """
 
-    __slots__ = ("data", "pools", "_pool_index", "extras", "first", "_events", "_sizes", "_streams", "_pos")
+    __slots__ = ("_data", "tail", "pools", "_pool_index", "extras", "first", "_events", "_sizes", "_streams")
 
     def __init__(self, events: Any = None, first: int = 0) -> None:
-        self.data = array("q")
+        self._data = array("q")
+        self.tail: list[int] = []
         self.pools: list[tuple[int, int]] = [DEFAULT_POOL]
         self._pool_index = {DEFAULT_POOL: 0}
         self.extras: dict[int, tuple] = {}
@@ -62,9 +70,22 @@ class Requests:
         self._events = events
         self._sizes: Any = None
         self._streams: Any = None
-        self._pos: Any = None
 
     # -- building
+    @property
+    def data(self) -> array:
+        """Every request, as the int64 array (the tail packed first)."""
+        if self.tail:
+            self.pack()
+        return self._data
+
+    def pack(self) -> "Requests":
+        """Move the tail's requests into ``data`` (returns the log)."""
+        if self.tail:
+            self._data.extend(int64s(self.tail))
+            self.tail.clear()
+        return self
+
     def pool_index(self, pool: tuple[int, int]) -> int:
         """The index of ``pool`` in ``pools`` (added if new)."""
         i = self._pool_index.get(pool)
@@ -77,15 +98,15 @@ class Requests:
 
     def add_alloc(self, kind: int, key: int, pool: tuple[int, int]) -> None:
         """An R_ALLOC or R_RESTORE of block ``key`` (its bytes and stream: see the class)."""
-        self.data.append(kind | self.pool_index(pool) << POOL_SHIFT | key << KEY_SHIFT)
+        self.tail.append(kind | self.pool_index(pool) << POOL_SHIFT | key << KEY_SHIFT)
 
     def add_empty(self, pool: tuple[int, int]) -> None:
-        self.data.append(R_EMPTY | self.pool_index(pool) << POOL_SHIFT)
+        self.tail.append(R_EMPTY | self.pool_index(pool) << POOL_SHIFT)
 
     def add_extra(self, request: tuple) -> None:
         """A rare request (R_FREEABLE, R_RETRY), kept as its tuple."""
-        self.extras[len(self.data)] = request
-        self.data.append(request[0])
+        self.extras[len(self)] = request
+        self.tail.append(request[0])
 
     @classmethod
     def from_tuples(cls, requests: Iterable[tuple]) -> "Requests":
@@ -108,34 +129,28 @@ class Requests:
                     sizes[key], streams[key] = r[2], r[3]
                     out.add_alloc(kind, key, r[4])
                 else:
-                    out.data.append(kind | key << KEY_SHIFT)
+                    out.tail.append(kind | key << KEY_SHIFT)
             elif kind == R_EMPTY:
                 out.add_empty(r[1])
             elif kind in (R_FREEABLE, R_RETRY):
                 out.add_extra(r)
             else:
                 raise ValueError(f"request {k}: {r!r:.60} is not a request tuple")
-        return out
+        return out.pack()
 
     # -- reading
-    def _alloc_pos(self) -> array:
-        # the trace event of each key from ``first`` on: the 'alloc' events, in order
-        if self._pos is None:
-            ev = self._events
-            # filled from a generator: a list would hold an int object (36 bytes) per 'alloc' at once
-            self._pos = array("q", (m.start() for m in re.finditer(_ALLOC_CODE, ev.codes.tobytes()))
-                              if ev is not None else ())
-        return self._pos
-
     def sizes_streams(self) -> tuple[Any, Any]:
         """(bytes, stream) of every block key, as two arrays indexed by key."""
         if self._sizes is None:
-            pos, ev = self._alloc_pos(), self._events
-            pad = bytes(8 * self.first)
-            sizes, streams = (ev.sizes, ev.streams) if ev is not None else ((), ())
-            self._sizes, self._streams = array("q", pad), array("q", pad)
-            self._sizes.extend(sizes[p] for p in pos)
-            self._streams.extend(streams[p] for p in pos)
+            ev = self._events
+            pad = array("q", bytes(8 * self.first))
+            if ev is None:
+                self._sizes, self._streams = pad, array("q", pad)
+            else:
+                # the 'alloc' events' columns, selected in C (the first what-if waits for them)
+                is_alloc = ev.codes.tobytes().translate(_IS_ALLOC)
+                self._sizes = pad + array("q", compress(ev.sizes, is_alloc))
+                self._streams = pad + array("q", compress(ev.streams, is_alloc))
         return self._sizes, self._streams
 
     def last_pool(self, stream: int, end: int | None = None) -> tuple[int, int]:
@@ -167,14 +182,13 @@ class Requests:
         out = Requests(self._events, self.first)
         out.pools, out._pool_index = self.pools, self._pool_index
         out._sizes, out._streams = self.sizes_streams()
-        out._pos = self._pos
-        data, put = out.data, out.data.append
+        data = out.data
         for k, x in enumerate(self.data):
             if x & 7 != kind:
                 if k in self.extras:
                     out.extras[len(data)] = self.extras[k]
-                put(x)
-        return out
+                data.append(x)
+        return out.pack()
 
     def indices(self, kind: int) -> list[int]:
         """The indices of the requests of ``kind``."""
@@ -193,7 +207,7 @@ class Requests:
         return self.extras[k]
 
     def __len__(self) -> int:
-        return len(self.data)
+        return len(self._data) + len(self.tail)
 
     def __iter__(self) -> Iterator[tuple]:
         return map(self._tuple, range(len(self.data)), self.data)
@@ -218,5 +232,5 @@ def as_requests(requests: Any) -> Requests:
     return requests if isinstance(requests, Requests) else Requests.from_tuples(requests)
 
 
-__all__ = ["KEY_SHIFT", "POOL_MASK", "POOL_SHIFT", "R_ALLOC", "R_EMPTY", "R_FREEABLE", "R_FREE_DONE", "R_FREE_REQ",
-           "R_RESTORE", "R_RETRY", "Requests", "as_requests"]
+__all__ = ["KEY_SHIFT", "POOL_FIELD", "POOL_MASK", "POOL_SHIFT", "R_ALLOC", "R_EMPTY", "R_FREEABLE", "R_FREE_DONE",
+           "R_FREE_REQ", "R_RESTORE", "R_RETRY", "Requests", "as_requests"]

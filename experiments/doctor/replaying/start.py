@@ -18,10 +18,13 @@ replay follows by replaying again with the block longer).
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 from ..model.rules import DEFAULT_POOL, LARGE_BUFFER, SMALL_BUFFER, SMALL_SIZE, round_size
 from ..reading.rows import ALLOC, FREE_DONE, FREE_REQ, SEG_ALLOC, SEG_FREE, SEG_MAP, SEG_UNMAP
+
+_SEGMENT_EVENTS = re.compile(bytes([ord("["), SEG_ALLOC, SEG_FREE, ord("]")]))
 
 
 @dataclasses.dataclass
@@ -71,11 +74,28 @@ def starting_state(trace: Any, engine: Any, extended: dict[int, int] | None = No
     live_blocks: set[int] = set()
     init_segs: dict[int, tuple[int, int]] = {}
     init_blocks: dict[int, tuple[int, int]] = {}
-    # one pass over every event, the block events first (most are): sizes and streams are
-    # read only for the few that existed before the recording
-    add_block, drop_block = live_blocks.add, live_blocks.discard
     sizes, streams = ev.sizes, ev.streams
-    for code, addr, i in zip(ev.codes, ev.addrs, range(len(ev))):
+    codes = ev.codes.tobytes()
+    for m in _SEGMENT_EVENTS.finditer(codes):            # the few segment events, found in C
+        i = m.start()
+        addr = ev.addrs[i]
+        if codes[i] == SEG_ALLOC:
+            live_segs.add(addr)
+        else:
+            if addr not in live_segs:
+                init_segs.setdefault(addr, (sizes[i], streams[i]))
+            live_segs.discard(addr)
+    for s in trace.segments:
+        if not s["is_expandable"] and s["address"] not in live_segs and s["address"] not in init_segs:
+            init_segs[s["address"]] = (s["total_size"], s["stream"])
+    if not init_segs and not trace.config.expandable_segments:
+        # Only segments from before the recording are seeded, with the blocks in them: with
+        # none, the pass over every block event (most of the trace, before every replay) is
+        # not needed.
+        return state
+    # the block events: sizes and streams are read only for the few from before the recording
+    add_block, drop_block = live_blocks.add, live_blocks.discard
+    for code, addr, i in zip(codes, ev.addrs, range(len(ev))):
         if code == ALLOC:
             add_block(addr)
         elif code == FREE_REQ:
@@ -84,16 +104,8 @@ def starting_state(trace: Any, engine: Any, extended: dict[int, int] | None = No
                 add_block(addr)
         elif code == FREE_DONE:
             drop_block(addr)
-        elif code == SEG_ALLOC:
-            live_segs.add(addr)
-        elif code == SEG_FREE:
-            if addr not in live_segs:
-                init_segs.setdefault(addr, (sizes[i], streams[i]))
-            live_segs.discard(addr)
     final_blocks = {}
     for s in trace.segments:
-        if not s["is_expandable"] and s["address"] not in live_segs and s["address"] not in init_segs:
-            init_segs[s["address"]] = (s["total_size"], s["stream"])
         for a, size, req, st in s["blocks"]:
             if st != "inactive" and a not in live_blocks and a not in init_blocks:
                 final_blocks[a] = (size, req)
