@@ -5,10 +5,17 @@ module's costly shared set-up stays in one worker and the costliest work starts 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import matplotlib
 import pytest
+
+# pytest rewrites the asserts of every test module as it imports it (about 6 s of CPU for
+# ours, in each xdist worker) and keeps the result only where Python may write bytecode. Where
+# PYTHONDONTWRITEBYTECODE is set, as on the lab's machines, it rewrote them at every run: the
+# test modules imported after this one are kept in tests/__pycache__ (which git ignores).
+sys.dont_write_bytecode = False
 
 from experiments.core.device import has_cuda
 

@@ -1,15 +1,16 @@
 """Every page of the built book loaded once per colour scheme and width, for all the browser tests
 that only read what a page shows: one load gives each of them what it asserts on.
 
-Before, six tests in four modules loaded the same pages again, 98 loads where these 32 do
-(8 pages x light/dark x 1280/390 px): the first-load weight (test_browser_figures.py), the
+Before, seven tests in four modules loaded the same pages again, 100 loads where these 32 do
+(8 pages x light/dark x 1280/390 px): the first-load weight and the theme's icons
+(test_browser_figures.py), the
 screenshot and the widths (test_browser.py), the readers' contrast, tables, focus rings and
 fonts (test_browser_readers.py), the figures' text size (test_browser_figures.py), and
 identifiers and text outputs (test_browser_reading.py). One load serves them all because the
 steps run in an order where none changes what a later one reads:
 
 1. (light) at network idle: what the first load fetched, before anything scrolls a lazy image in;
-2. what needs the page as it loaded: widths, tables, fonts, favicon, icon glyphs;
+2. what needs the page as it loaded: widths, tables, fonts, favicon, icon glyphs, the theme's icons;
 3. (light) the full-page screenshot;
 4. every fold and solution opened by a click, as readers open them; contrast; focus rings;
 5. (light) every figure scrolled to and measured; identifiers in tables; text outputs.
@@ -42,7 +43,7 @@ def read_page(browser, origin: str, page: str, scheme: str, width: str) -> dict:
     """What the tests read on ``book/{page}.html`` in ``scheme`` at ``width`` ("1280" or "390"):
     a dict of plain data (URLs relative to the site's root)."""
     from .test_browser import OVERFLOWING_OUTPUTS, SCREENSHOTS, WIDE_ELEMENTS, WIDTHS, Visit
-    from .test_browser_figures import FIGURE_PAGES, HIDDEN_VIEWS_JS, MEASURE_JS
+    from .test_browser_figures import FIGURE_PAGES, HIDDEN_VIEWS_JS, ICON_PAGES, ICONS_JS, MEASURE_JS
     from .test_browser_reading import CHAR_TOPS, PARAGRAPHS, _open_folds
     from .test_browser_readers import CONTRAST_JS, FOCUS_JS, GLYPHS_JS, TABLES_JS, _open_everything
 
@@ -75,6 +76,8 @@ def read_page(browser, origin: str, page: str, scheme: str, width: str) -> dict:
         got["favicon"] = v.page.evaluate("() => [...document.querySelectorAll('link[rel~=icon]')].map(l => l.href)")
         got["tables"] = v.page.evaluate(TABLES_JS)
         got["glyphs"] = v.page.evaluate(GLYPHS_JS)
+        if light and width == "1280" and page in ICON_PAGES:
+            got["icons"] = v.page.evaluate(ICONS_JS)
         stage("reading the page as it loaded")
         if light:
             SCREENSHOTS.mkdir(parents=True, exist_ok=True)

@@ -344,15 +344,19 @@ def test_an_enlarged_figure_fits_the_screen(visit, width):
         assert opened, "no figure on the desktop can be enlarged"
 
 
-@pytest.mark.parametrize("page", ["intro", "ch4_hidden_syncs"])
-def test_every_theme_icon_renders_after_the_trimming(visit, page):
-    v = visit(f"book/{page}.html")
-    v.page.wait_for_timeout(300)
-    left = v.page.evaluate("""() => [...document.querySelectorAll('i[class*="fa-"], span[class*="fa-"]')]
-        .map(e => e.className)""")
-    svgs = v.page.evaluate("""() => [...document.querySelectorAll('svg.svg-inline--fa')]
-        .map(s => [s.getAttribute('data-icon'), !!s.querySelector('.missing')])""")
+# The icons the theme draws with Font Awesome's JavaScript (i.fa-* turned into svg), read once
+# the page has loaded and the network gone idle (tests/page_readings.py).
+ICON_PAGES = ("intro", "ch4_hidden_syncs")
+ICONS_JS = """() => ({left: [...document.querySelectorAll('i[class*="fa-"], span[class*="fa-"]')].map(e => e.className),
+    svgs: [...document.querySelectorAll('svg.svg-inline--fa')]
+        .map(s => [s.getAttribute('data-icon'), !!s.querySelector('.missing')])})"""
+
+
+@pytest.mark.parametrize("page", ICON_PAGES)
+def test_every_theme_icon_renders_after_the_trimming(page_readings, page):
+    got = page_readings(page, "light", "1280")
+    left, svgs = got["icons"]["left"], got["icons"]["svgs"]
     assert svgs and not left, f"{page}: icons not drawn: {left}"
     missing = sorted({name for name, gone in svgs if gone})
     assert not missing, f"{page}: Font Awesome drew its 'missing icon' sign for {missing}"
-    assert not v.problems, "\n".join(v.problems)
+    assert not got["problems"], "\n".join(got["problems"])

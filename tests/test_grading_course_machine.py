@@ -554,11 +554,23 @@ def test_a_process_flood_does_not_starve_the_notebook_graded_beside_it(prepared,
     assert got["measure"]["share"] >= 4 * unfair, (got, unfair)
 
 
+# Each child holds its 300 MiB until every child has said whether it got them (it waits for its
+# stdin to close), and then says it still holds them: those that do held them all at once, however
+# slowly they started. (A child that held for a fixed 4 s and was counted when it said "held" could
+# end, or be the one the limit killed, before the fifth started: on a loaded machine four or five
+# were counted.)
 HOG = """
     import json, subprocess, sys
-    child = "import time; b = bytearray(300 << 20); b[::4096] = b'x' * len(b[::4096]); print('held', flush=True); time.sleep(4)"
-    procs = [subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE) for _ in range(5)]
-    held = sum(p.stdout.read().startswith(b"held") for p in procs)
+    child = ("import sys; b = bytearray(300 << 20); b[::4096] = b'x' * len(b[::4096]); print('held', flush=True); "
+             "sys.stdin.read(); print('still', flush=True)")
+    procs = [subprocess.Popen([sys.executable, "-c", child], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+             for _ in range(5)]
+    said = [p.stdout.readline() for p in procs]
+    for p in procs:
+        p.stdin.close()
+    held = sum(s.startswith(b"held") and p.stdout.readline().startswith(b"still") for s, p in zip(said, procs))
+    for p in procs:
+        p.wait()
     print(json.dumps({"held": held}))
 """
 

@@ -18,6 +18,10 @@ import torch
 
 from experiments.grading.remote import Answer, AnswerEnded, AnswerProtocolError, AnswerRaised, Rebuild
 
+# Each test starts a child that imports torch (about 2 s): make test runs them, the developer
+# loop does not.
+pytestmark = pytest.mark.slow
+
 
 def _answer(source: str, name: str, *, remote: bool = True, globals_: dict | None = None):
     a = Answer(remote_torch=remote)
