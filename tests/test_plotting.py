@@ -183,3 +183,35 @@ def test_stream_lanes_label_only_boxes_wide_enough_for_their_label():
                                          {"start_ms": 10, "end_ms": 10.2, "label": "a box too narrow for this"}]})
     assert [t.get_text() for t in fig.axes[0].texts] == ["a wide box"]
     assert plotting.text_collisions(fig) == []
+
+
+def _two_panel_figure() -> Figure:
+    fig = Figure(figsize=(6, 2.5), dpi=120, layout="constrained")
+    for i, ax in enumerate(fig.subplots(1, 2)):
+        ax.plot([0, 1, 2], [i, 2, 1], label="reserved")
+        ax.set_title(f"panel {i}")
+        ax.legend()
+    return fig
+
+
+def test_the_rgba_save_holds_the_pngs_pixels_and_says_its_size():
+    """The static book's figures skip the PNG round trip: ``format="rgba"`` must give the very
+    pixels of the PNG (lossless), at the size the tight box gave it. A second save of one figure
+    can differ from the first (a tight box is not idempotent), so each save gets a fresh figure."""
+    import io
+
+    from PIL import Image
+
+    png, by_png = plotting.save_measured(_two_panel_figure())
+    raw, by_raw = plotting.save_measured(_two_panel_figure(), format="rgba")
+    decoded = Image.open(io.BytesIO(png))
+    assert by_raw["size_px"] == by_png["size_px"] == decoded.size
+    width, height = decoded.size
+    assert len(raw) == 4 * width * height
+    assert Image.frombuffer("RGBA", decoded.size, raw, "raw", "RGBA", 0, 1).tobytes() == decoded.convert("RGBA").tobytes()
+    assert by_raw["font_pt"] == by_png["font_pt"] and by_raw["collisions"] == by_png["collisions"]
+
+
+def test_an_unknown_save_format_is_refused_by_name():
+    with pytest.raises(ValueError, match="format must be 'png' or 'rgba', got 'svg'"):
+        plotting.save_measured(_two_panel_figure(), format="svg")

@@ -52,28 +52,39 @@ def _drawn_texts(fig: Figure) -> list[tuple[Any, Any]]:
     return out
 
 
-def save_measured(fig: Figure, *, dpi: float | None = None) -> tuple[bytes, dict[str, Any]]:
-    """Save ``fig`` as a PNG as the book does (``bbox_inches="tight"``) and measure it as drawn.
+def save_measured(fig: Figure, *, dpi: float | None = None, format: str = "png") -> tuple[bytes, dict[str, Any]]:
+    """Save ``fig`` as the book does (``bbox_inches="tight"``) and measure it as drawn.
 
     Measured during the save itself: a tight box moves figure-level legends and texts, so
     the figure as it was before saving is not what the PNG shows.
 
+    Args:
+        format: ``"png"``, or ``"rgba"`` for the pixels themselves (8-bit RGBA, rows from the
+            top; ``size_px`` gives their width and height): the same pixels as the PNG's, without
+            compressing them for a caller that only decodes them again.
+
     Returns:
-        (the PNG's bytes, {'font_pt': the smallest font size in pt, 'collisions': a list of
-        sentences, see :func:`text_collisions`}).
+        (the file's bytes, {'font_pt': the smallest font size in pt, 'collisions': a list of
+        sentences, see :func:`text_collisions`, 'size_px': (width, height) of the image}).
+
+    Raises:
+        ValueError: ``format`` is neither "png" nor "rgba".
     """
     import io
 
+    if format not in ("png", "rgba"):
+        raise ValueError(f"format must be 'png' or 'rgba', got {format!r}")
     measured: dict[str, Any] = {}
 
     def on_draw(event: Any) -> None:
         measured["font_pt"] = min((t.get_fontsize() for t, _ in _drawn_texts(fig)), default=0.0)
         measured["collisions"] = _collisions(fig, event.renderer)
+        measured["size_px"] = (int(event.renderer.width), int(event.renderer.height))
 
     cid = fig.canvas.mpl_connect("draw_event", on_draw)
     buf = io.BytesIO()
     try:
-        fig.savefig(buf, format="png", bbox_inches="tight", dpi=dpi or fig.dpi)
+        fig.savefig(buf, format=format, bbox_inches="tight", dpi=dpi or fig.dpi)
     finally:
         fig.canvas.mpl_disconnect(cid)
     return buf.getvalue(), measured
