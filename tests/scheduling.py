@@ -38,10 +38,19 @@ def _costly_fixtures(tree: ast.Module) -> set[str]:
     return names
 
 
+# Test files whose tests share costly results through a per-worker cache (functools.lru_cache)
+# instead of a fixture: kept in one worker too, so that each result is computed once
+# (test_doctor_cases: every case's replays and what-ifs, used one by one and all together).
+SHARED_CACHE_MODULES = frozenset({"tests/test_doctor_cases.py"})
+
+
 @functools.lru_cache(maxsize=1)
 def shared_setup_modules() -> frozenset[str]:
     """Test files (``tests/test_x.py``, as in test ids) that define a costly module-scoped
-    fixture, or import one from another test file."""
+    fixture, or import one from another test file, and those of :data:`SHARED_CACHE_MODULES`."""
+    gone = sorted(m for m in SHARED_CACHE_MODULES if not (TESTS.parent / m).is_file())
+    if gone:
+        raise RuntimeError(f"tests/scheduling.py: SHARED_CACHE_MODULES names no test file: {gone}")
     trees = {p: ast.parse(p.read_text(encoding="utf-8")) for p in sorted(TESTS.glob("test_*.py"))}
     costly = {p.stem: _costly_fixtures(t) for p, t in trees.items()}
     out = set()
@@ -52,7 +61,7 @@ def shared_setup_modules() -> frozenset[str]:
                 used |= {a.name for a in node.names} & costly[node.module]
         if used:
             out.add(f"{TESTS.name}/{path.name}")
-    return frozenset(out)
+    return frozenset(out | SHARED_CACHE_MODULES)
 
 
 # Session-scoped fixtures made once per run and shared through a file by the workers (a lock

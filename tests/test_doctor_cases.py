@@ -112,6 +112,15 @@ def _replayed(case, settings):
     return trace, replay(trace)
 
 
+@lru_cache(maxsize=None)
+def _what_if_of(case, setting):
+    """The what-if of ``case``'s default run under ``setting`` (computed once per worker: two
+    tests hold it to the GPU's run, one by one and all together)."""
+    base_trace, base = _replayed(case, "")
+    return what_if(base, WhatIf.parse(setting), cap_bytes=base_trace.cap_bytes,
+                   total_memory=base_trace.total_memory)[0]
+
+
 def _program(run):
     """What the program asked for: each allocation in order, its size and stream (numbered by
     first use), with the allocations freed since the previous one (as a set: Python may drop a
@@ -195,12 +204,11 @@ def test_what_if_equals_the_gpus_run_under_that_setting_or_stays_within_its_boun
     byte, the same number of OOMs. The others say why not and bound themselves; the GPU's run
     is inside that bound and inside the ranges they give."""
     case, setting = key
-    base_trace, base = _replayed(case, "")
+    base = _replayed(case, "")[1]
     if _program(base) != _program(_replayed(*key)[1]):
         assert key in INCOMPARABLE, "the GPU's runs made different requests: not a what-if of this program"
         return
-    w, _ = what_if(base, WhatIf.parse(setting), cap_bytes=base_trace.cap_bytes,
-                   total_memory=base_trace.total_memory)
+    w = _what_if_of(case, setting)
     gpu = _run(*key)["final"]
     peak, final, ooms = gpu["reserved_bytes.all.peak"], gpu["reserved_bytes.all.current"], gpu["num_ooms"]
     if w.exact:
@@ -223,9 +231,7 @@ def test_most_what_ifs_are_exact_and_every_inexact_one_is_for_a_stated_reason():
     for case, setting in WHAT_IFS:
         if _program(_replayed(case, "")[1]) != _program(_replayed(case, setting)[1]):
             continue
-        base_trace, base = _replayed(case, "")
-        w, _ = what_if(base, WhatIf.parse(setting), cap_bytes=base_trace.cap_bytes,
-                       total_memory=base_trace.total_memory)
+        w = _what_if_of(case, setting)
         gpu = _run(case, setting)["final"]
         same = (w.peak_reserved_bytes, w.final_reserved_bytes, w.oom_events) == (
             gpu["reserved_bytes.all.peak"], gpu["reserved_bytes.all.current"], gpu["num_ooms"])
