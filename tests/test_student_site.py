@@ -271,13 +271,13 @@ def _pyodide_release_copies(files) -> set:
     release = ROOT / "node_modules" / "pyodide"
     if not release.is_dir():
         return set()
-    by_size: dict[int, list] = {}
-    for f in release.iterdir():
-        if f.is_file():
-            by_size.setdefault(f.stat().st_size, []).append(f)
-    digest = lambda f: hashlib.sha256(f.read_bytes()).digest()  # noqa: E731
-    return {p for p in files if p.stat().st_size in by_size
-            and digest(p) in {digest(f) for f in by_size[p.stat().st_size]}}
+
+    def key(f):
+        return f.stat().st_size, hashlib.sha256(f.read_bytes()).digest()
+
+    shipped = {key(f) for f in release.iterdir() if f.is_file()}
+    sizes = {size for size, _ in shipped}
+    return {p for p in files if p.stat().st_size in sizes and key(p) in shipped}
 
 
 def test_nothing_under_the_student_build_holds_a_solution(student_build):
