@@ -11,8 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import torch
-
+from .core.lazy_torch import torch
 from .core.measure import STATS_SCHEMA, fit_cycles_per_ms, gpu_sleep, stats_dict, time_gpu
 from .core.plotting import bars, figure_function, new_figure, stamp
 from .core.registry import Param, Result, experiment

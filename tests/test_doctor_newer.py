@@ -77,9 +77,10 @@ def test_the_2_12_layout_reads_at_most_1_5_times_slower_than_2_11():
     raw["device_traces"] = [raw["device_traces"][0][:150_000]]
     b11 = pickle.dumps(raw, protocol=4)
     b12 = pickle.dumps(V.as_layout(raw, "2.12", forward_every=3), protocol=4)
-    # interleaved, best of 5 each: CPU time on a shared machine is disturbed in bursts
+    # interleaved, best of 9 each: CPU time on a shared machine is disturbed in bursts (best of 5
+    # gave 1.61 once while make test's other worker ran the browser tests; 1.36-1.48 idle)
     t11 = t12 = float("inf")
-    for _ in range(5):
+    for _ in range(9):
         t11, t12 = min(t11, _cpu(lambda: read(b11), 1)), min(t12, _cpu(lambda: read(b12), 1))
     assert t12 <= 1.5 * t11, (t11, t12)
 

@@ -27,8 +27,9 @@ def _loaded_after(code: str) -> list[str]:
 
 
 def test_the_probe_sees_a_heavy_import():
-    """The check below can fail: importing the chapter (which needs torch) shows up."""
-    assert "torch" in _loaded_after("import experiments.allocator")
+    """The checks below can fail: a chapter's plotting (matplotlib) and torch's first use show up."""
+    assert "matplotlib" in _loaded_after("import experiments.allocator")
+    assert "torch" in _loaded_after("import experiments.core.device as d; d.torch_version()")
 
 
 def test_import_experiments_doctor_loads_no_torch_numpy_or_matplotlib():
@@ -60,7 +61,10 @@ def test_the_doctor_command_loads_none_of_them(tmp_path):
 def test_import_experiments_stays_light_until_a_name_is_used():
     """experiments/__init__ imports on first use (PEP 562): ex.run still works in notebooks."""
     assert _loaded_after("import experiments") == []
-    assert "torch" in _loaded_after("import experiments as ex; ex.run")
+    # a name imports its module when first used (and the registry no longer imports torch itself)
+    probe = ("import sys, experiments as ex\nbefore = 'experiments.core.registry' in sys.modules\nex.run\n"
+             "assert not before and 'experiments.core.registry' in sys.modules")
+    assert _loaded_after(probe) == []
     import experiments as ex
 
     assert callable(ex.run) and ex.alloc_conf.parse("expandable_segments:True") == {"expandable_segments": True}

@@ -238,11 +238,18 @@ def test_the_module_finder_leaves_out_what_needs_torch(tmp_path, monkeypatch):
     (pkg / "doctor" / "__init__.py").write_text("from ..core.units import MiB\n")
     (pkg / "doctor" / "cli.py").write_text("def f():\n    from ..core.plotting import plt\n")
     (pkg / "doctor" / "bad.py").write_text("from ..core import device\n")
+    # the package's torch on first use: its own source imports torch only inside a function
+    (pkg / "core" / "lazy_torch.py").write_text("def load():\n    import torch\n")
+    (pkg / "core" / "measure.py").write_text("from .lazy_torch import torch\n")
+    (pkg / "doctor" / "timing.py").write_text("from ..core.units import MiB\n\ndef f():\n    from ..core import measure\n")
+    (pkg / "doctor" / "bad_too.py").write_text("from ..core.measure import torch\n")
     monkeypatch.setattr(page, "ROOT", tmp_path)
-    assert page.doctor_modules(("experiments.doctor", "experiments.doctor.cli")) == \
-        ["experiments", "experiments.core", "experiments.core.units", "experiments.doctor", "experiments.doctor.cli"]
-    with pytest.raises(page.ShipError, match="cannot be imported without"):
-        page.doctor_modules(("experiments.doctor.bad",))
+    assert page.doctor_modules(("experiments.doctor", "experiments.doctor.cli", "experiments.doctor.timing")) == \
+        ["experiments", "experiments.core", "experiments.core.units", "experiments.doctor", "experiments.doctor.cli",
+         "experiments.doctor.timing"]
+    for bad in ("experiments.doctor.bad", "experiments.doctor.bad_too"):
+        with pytest.raises(page.ShipError, match="cannot be imported without"):
+            page.doctor_modules((bad,))
 
 
 def test_pins_and_what_the_page_states_agree():

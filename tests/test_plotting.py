@@ -215,3 +215,27 @@ def test_the_rgba_save_holds_the_pngs_pixels_and_says_its_size():
 def test_an_unknown_save_format_is_refused_by_name():
     with pytest.raises(ValueError, match="format must be 'png' or 'rgba', got 'svg'"):
         plotting.save_measured(_two_panel_figure(), format="svg")
+
+
+def test_a_save_measures_the_figure_once_in_the_draw_it_saves(monkeypatch):
+    """A constrained-layout figure is drawn twice per save (laid out with drawing stubbed out,
+    then drawn): the text is measured in the second only, at the tight box's size."""
+    import io
+
+    from PIL import Image
+
+    from experiments.core import figure_text
+
+    sizes = []
+    real = figure_text._collisions
+
+    def counted(fig, renderer):
+        sizes.append((int(renderer.width), int(renderer.height)))
+        return real(fig, renderer)
+
+    monkeypatch.setattr(figure_text, "_collisions", counted)
+    fig = _two_panel_figure()
+    full = (round(fig.get_figwidth() * fig.dpi), round(fig.get_figheight() * fig.dpi))
+    png, measured = plotting.save_measured(fig)
+    assert sizes == [Image.open(io.BytesIO(png)).size] == [measured["size_px"]]
+    assert sizes[0] != full      # the tight box, not the figure's own size

@@ -263,19 +263,25 @@ def _all_text(path) -> str:
 
 
 def _pyodide_release_copies(files) -> set:
-    """Those of ``files`` that are byte for byte a file of the pinned Pyodide release
-    (node_modules/pyodide, from the npm registry): the runtime the doctor's page ships as it came,
-    which nothing of ours wrote into (over half of the student folder's bytes)."""
+    """Those of ``files`` that are byte for byte a file the doctor's page ships from the pinned
+    Pyodide release as it came (book/_ext/doctor_page.py: PYODIDE_FILES of NODE_PYODIDE, from the
+    npm registry), which nothing of ours wrote into (over half of the student folder's bytes)."""
     import hashlib
+    import sys
 
-    release = ROOT / "node_modules" / "pyodide"
-    if not release.is_dir():
+    ext = str(ROOT / "book" / "_ext")
+    if ext not in sys.path:
+        sys.path.insert(0, ext)
+    import doctor_page
+
+    release = [doctor_page.NODE_PYODIDE / f for f in doctor_page.PYODIDE_FILES]
+    if not all(f.is_file() for f in release):
         return set()
 
     def key(f):
         return f.stat().st_size, hashlib.sha256(f.read_bytes()).digest()
 
-    shipped = {key(f) for f in release.iterdir() if f.is_file()}
+    shipped = {key(f) for f in release}
     sizes = {size for size, _ in shipped}
     return {p for p in files if p.stat().st_size in sizes and key(p) in shipped}
 

@@ -43,6 +43,9 @@ NOT_SHIPPED = ("experiments.doctor.answers.figure",)   # the notebook's matplotl
 # Imports that do not exist in the page's Python: a module that needs one at import time
 # stays out of the zip (e.g. the notebook figure's plotting module).
 UNAVAILABLE = ("torch", "numpy", "matplotlib", "IPython", "ipywidgets", "jsonschema", "tqdm", "PIL")
+# The package's own stand-in for torch (imported on first use): a module that takes torch from it
+# needs torch as much as one that imports torch itself.
+STANDS_FOR_UNAVAILABLE = ("experiments.core.lazy_torch",)
 
 
 class ShipError(RuntimeError):
@@ -143,7 +146,8 @@ def doctor_modules(entries: tuple[str, ...] = ENTRY_MODULES) -> list[str]:
 
     Starting from ``entries``, every module they import (at import time or inside a function)
     is followed; a module that needs one of :data:`UNAVAILABLE` at import time, directly or
-    through another module, is left out with what it leads to (it could not run there), and so
+    through another module (or takes it from :data:`STANDS_FOR_UNAVAILABLE`), is left out with
+    what it leads to (it could not run there), and so
     is a module that only such a module leads to, and :data:`NOT_SHIPPED`. Parent packages'
     ``__init__`` are included.
 
@@ -168,7 +172,7 @@ def doctor_modules(entries: tuple[str, ...] = ENTRY_MODULES) -> list[str]:
         if name in seen:
             return True  # a cycle: decided by its other imports
         top, _, outside = scan(name)
-        good = not (outside & set(UNAVAILABLE)) and all(
+        good = name not in STANDS_FOR_UNAVAILABLE and not (outside & set(UNAVAILABLE)) and all(
             ok(m, seen | {name}) for m in top | set(_parents(name)))
         viable[name] = good
         return good

@@ -19,8 +19,7 @@ import math
 import os
 from typing import Any, Mapping, Sequence
 
-import torch
-
+from ..core.lazy_torch import torch
 from .model import normalize_ops, op_label
 from .snapshot import PoolIdsMissingError, parse_segments
 from ..core.device import require_cuda

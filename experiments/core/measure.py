@@ -16,8 +16,7 @@ import statistics
 import time
 from typing import Any, Callable, Iterator, Sequence
 
-import torch
-
+from .lazy_torch import torch
 from .device import require_cuda
 
 

@@ -9,8 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import torch
-
+from .lazy_torch import torch
 from . import device
 
 FEATURES = {

@@ -6,8 +6,7 @@ from __future__ import annotations
 import gc
 from typing import Any
 
-import torch
-
+from ..core.lazy_torch import torch
 from . import model as sup
 from ..core.measure import gpu_sleep
 

@@ -19,8 +19,7 @@ import subprocess
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-import torch
-
+from ..core.lazy_torch import torch
 from ..core.alloc_conf import KNOWN_OPTIONS
 from ..core.units import MiB  # noqa: F401  (re-exported for the chapter)
 from ..core.device import torch_version

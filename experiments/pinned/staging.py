@@ -7,8 +7,7 @@ import statistics
 import time
 from typing import Any, Mapping
 
-import torch
-
+from ..core.lazy_torch import torch
 from . import model as sup
 from ..core.claims import claim
 from ..core.device import check_fits, require_cuda, torch_version

@@ -31,8 +31,14 @@ from ..core.registry import Param, Result, experiment, resolve_mode, run
 from ..core.registry import get as registry_get
 from ..core.runner import run_fresh
 from ..core.units import mib_figure
-from .fsdp_gpu import GROUPS, LAYER_HIDDEN, VERSIONS
 from .measurements import POST_URL, _int, _list, _num, _obj  # the chapter's schema helpers
+
+# Here rather than in fsdp_gpu.py (the GPU side, which uses them too): this module, imported with
+# the chapter, then does not import that one, whose layers subclass torch's classes.
+#: fp32 weight MiB per layer -> hidden size of the square layer (weights hidden × hidden × 4 B).
+LAYER_HIDDEN: dict[int, int] = {4: 1024, 16: 2048, 64: 4096, 256: 8192}
+GROUPS = ("nccl", "fake")    # the process group: NCCL with one rank, or torch's fake group of two
+VERSIONS = ("fsdp2", "fsdp1", "fsdp1_nolimit")
 
 #: (GPU work per layer, host delay per layer) in ms: the run-ahead points of the sweep.
 FSDP_POINTS: tuple[tuple[float, float], ...] = ((0.0, 0.0), (1.0, 0.0), (10.0, 0.0), (10.0, 5.0))

@@ -35,16 +35,12 @@ import socket
 import time
 from typing import Any, Mapping, Sequence
 
-import torch
-
+from ..core.lazy_torch import torch
 from ..core.measure import calibrate_sleep, gpu_sleep, host_spin
+from .fsdp import GROUPS, LAYER_HIDDEN, VERSIONS
 from .fsdp_trace import stream_usage
 
-#: fp32 weight MiB per layer -> hidden size of the square layer (weights hidden × hidden × 4 B).
-LAYER_HIDDEN: dict[int, int] = {4: 1024, 16: 2048, 64: 4096, 256: 8192}
 TOKENS = 256                 # rows of the batch each layer multiplies
-GROUPS = ("nccl", "fake")    # the process group: NCCL with one rank, or torch's fake group of two
-VERSIONS = ("fsdp2", "fsdp1", "fsdp1_nolimit")
 VERSION_LABELS = {"fsdp2": "FSDP2", "fsdp1": "FSDP1", "fsdp1_nolimit": "FSDP1, limit_all_gathers=False"}
 HISTORY_ENTRIES = 500_000
 

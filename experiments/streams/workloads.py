@@ -30,8 +30,7 @@ import collections
 import time
 from typing import Any, Callable, Sequence
 
-import torch
-
+from ..core.lazy_torch import torch
 from ..core.units import MiB
 from ..core.measure import calibrate_sleep, gpu_sleep, host_spin, reset_allocator, track_memory
 
@@ -259,8 +258,8 @@ def warm_up() -> None:
 
 # ------------------------------------------------------------------ the reader's handoff
 
-HandoffFn = Callable[[Callable[[int], torch.Tensor], Callable[[torch.Tensor, int], torch.cuda.Event], int,
-                      torch.cuda.Stream, torch.cuda.Stream], Any]
+HandoffFn = Callable[[Callable[[int], "torch.Tensor"], Callable[["torch.Tensor", int], "torch.cuda.Event"], int,
+                      "torch.cuda.Stream", "torch.cuda.Stream"], Any]
 
 
 class RecordStreamForbidden(RuntimeError):

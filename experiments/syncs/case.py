@@ -25,11 +25,8 @@ import statistics
 import time
 from typing import Any, Callable
 
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
-
 from ..core.device import check_fits
+from ..core.lazy_torch import torch
 from ..core.measure import gpu_sleep, summarize
 from .detector import SyncDetector
 
@@ -92,14 +89,22 @@ def group_stats(grads: list[torch.Tensor]) -> torch.Tensor:
     ])
 
 
-class _Block(nn.Module):
-    def __init__(self, width: int) -> None:
-        super().__init__()
-        self.linear = nn.Linear(width, width)
-        self.norm = nn.LayerNorm(width)
+@functools.cache
+def _block_class() -> type:
+    """The model's layer (made on first use: a subclass of ``torch.nn.Module`` needs torch
+    imported, and importing the chapter should not)."""
+    nn = torch.nn
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + F.gelu(self.norm(self.linear(x)))
+    class _Block(nn.Module):
+        def __init__(self, width: int) -> None:
+            super().__init__()
+            self.linear = nn.Linear(width, width)
+            self.norm = nn.LayerNorm(width)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + nn.functional.gelu(self.norm(self.linear(x)))
+
+    return _Block
 
 
 class _Phases:
@@ -146,7 +151,8 @@ class TrainingStep:
                  seed: int = 0, ema_decay: float = 0.999, max_grad_norm: float = MAX_GRAD_NORM) -> None:
         torch.manual_seed(seed)
         self.device, self.width, self.layers, self.seed = device, width, layers, seed
-        self.model = nn.Sequential(*[_Block(width) for _ in range(layers)], nn.Linear(width, 64)).to(device)
+        nn, block = torch.nn, _block_class()
+        self.model = nn.Sequential(*[block(width) for _ in range(layers)], nn.Linear(width, 64)).to(device)
         groups: dict[str, list[nn.Parameter]] = {"early weights": [], "late weights": [], "biases": [], "norms": []}
         for name, p in self.model.named_parameters():
             if ".norm." in name:
@@ -184,7 +190,7 @@ class TrainingStep:
 
     def forward_backward(self) -> torch.Tensor:
         self.opt.zero_grad(set_to_none=True)
-        loss = F.mse_loss(self.model(self.x), self.y)
+        loss = torch.nn.functional.mse_loss(self.model(self.x), self.y)
         loss.backward()
         return loss
 

@@ -13,8 +13,7 @@ import textwrap
 import time
 from typing import Any, Callable, Mapping
 
-import torch
-
+from ..core.lazy_torch import torch
 from ..core.checks import Feedback, ReportError, check_choice, combine, exercise, unanswered
 from ..core.device import NoGPUError, has_cuda
 from ..core.registry import Result, run

@@ -64,8 +64,7 @@ import threading
 import warnings
 from typing import Any, Callable, Iterator
 
-import torch
-
+from ..core.lazy_torch import torch
 from ..core.units import format_bytes
 from ..core.device import COLAB_SWITCH_HINT, NoGPUError, has_cuda, in_colab
 
@@ -143,14 +142,19 @@ class SyncEvent:
 
 # ----------------------------------------------------------------- locating the caller
 
-_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+@functools.cache
+def _torch_dir() -> str:
+    """torch's folder (read when first needed: importing the chapter does not import torch)."""
+    return os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+
+
 _THIS_FILE = os.path.abspath(__file__)
 _SKIP_BASENAMES = {"warnings.py", "_py_warnings.py", "contextlib.py", "functools.py"}
 
 
 def _is_internal(filename: str) -> bool:
     path = os.path.abspath(filename) if not filename.startswith("<") else filename
-    return (path == _THIS_FILE or path.startswith(_TORCH_DIR)
+    return (path == _THIS_FILE or path.startswith(_torch_dir())
             or os.path.basename(path) in _SKIP_BASENAMES)
 
 

@@ -18,8 +18,7 @@ import re
 import time
 from typing import Any, Mapping
 
-import torch
-
+from ..core.lazy_torch import torch
 from ..core.claims import claim
 from ..core.device import check_fits, has_cuda
 from ..core.measure import STATS_SCHEMA, gpu_sleep, host_spin, time_host

@@ -16,8 +16,8 @@ import sys
 from typing import Any, Callable
 
 import numpy as np
-import torch
 
+from ..core.lazy_torch import torch
 from ..core.measure import gpu_sleep, time_host
 from ..core.runner import run_fresh
 from .detector import SyncDetector
@@ -34,7 +34,7 @@ GROUPS = (
     "stays on the device",
 )
 
-Builder = Callable[[int, torch.device], Callable[[], Any]]
+Builder = Callable[[int, "torch.device"], Callable[[], Any]]
 
 
 @dataclasses.dataclass(frozen=True)
