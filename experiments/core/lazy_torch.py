@@ -4,10 +4,12 @@ Importing torch costs about 2 s of CPU. Without a GPU a page shows recorded resu
 instructor's grader runs each student notebook in a fresh kernel, and the command line answers
 ``list`` or ``doctor``: most of that never touches torch, yet every chapter module imported it.
 The package's modules take ``torch`` from here instead (``from experiments.core.lazy_torch
-import torch``, relative inside the package) and use it as the module itself. The first attribute read (``torch.cuda``, ``torch.Tensor``)
-imports torch and puts the real module in place of this stand-in in every ``experiments``
-module that holds it, so afterwards a lookup costs what it always did (the chapter 4 timings
-measure microseconds) and ``monkeypatch.setattr(torch.cuda, ...)`` patches the real module.
+import torch``, relative inside the package) and use it as the module itself. The first
+attribute read (``torch.cuda``, ``torch.Tensor``) imports torch and puts the real module in
+place of this stand-in in every ``experiments`` module that holds it, so afterwards a lookup
+costs what it always did (the chapter 4 timings measure microseconds) and
+``monkeypatch.setattr(torch.cuda, ...)`` patches the real module. A default argument bound to
+the stand-in (``torch_module=torch``) keeps it and forwards every read.
 """
 from __future__ import annotations
 
