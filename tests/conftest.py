@@ -219,3 +219,14 @@ def browser():
         b = p.chromium.launch(executable_path=str(exe), args=["--no-sandbox"])
         yield b
         b.close()
+
+
+@pytest.fixture(scope="module")
+def tabs(browser):
+    """The module's kept tabs (tests/test_browser.py: Tabs): its visits at one viewport, touch
+    and colour scheme reuse one context and page instead of starting a renderer each."""
+    from tests.test_browser import Tabs
+
+    kept = Tabs(browser)
+    yield kept
+    kept.close()

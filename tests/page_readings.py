@@ -39,9 +39,10 @@ def _relative(url: str, origin: str) -> str:
     return url[len(origin) + 1:] if url.startswith(origin + "/") else url
 
 
-def read_page(browser, origin: str, page: str, scheme: str, width: str) -> dict:
+def read_page(browser, origin: str, page: str, scheme: str, width: str, tabs=None) -> dict:
     """What the tests read on ``book/{page}.html`` in ``scheme`` at ``width`` ("1280" or "390"):
-    a dict of plain data (URLs relative to the site's root)."""
+    a dict of plain data (URLs relative to the site's root). ``tabs``: the kept tabs to load it
+    in (tests.test_browser.Tabs), else a context of its own."""
     from .test_browser import OVERFLOWING_OUTPUTS, SCREENSHOTS, WIDE_ELEMENTS, WIDTHS, Visit
     from .test_browser_figures import FIGURE_PAGES, HIDDEN_VIEWS_JS, ICON_PAGES, ICONS_JS, MEASURE_JS
     from .test_browser_reading import CHAR_TOPS, PARAGRAPHS, _open_folds
@@ -49,7 +50,7 @@ def read_page(browser, origin: str, page: str, scheme: str, width: str) -> dict:
 
     viewport, touch = WIDTHS[width]
     light = scheme == "light"
-    v = Visit(browser, origin, f"book/{page}.html", viewport, touch, scheme, sizes=True, bodies=light)
+    v = Visit(browser, origin, f"book/{page}.html", viewport, touch, scheme, sizes=True, bodies=light, tabs=tabs)
     got: dict = {}
     tagged = 0
 
@@ -122,7 +123,7 @@ def read_all(site_dir: Path, pages=None) -> dict[str, dict]:
     from playwright.sync_api import sync_playwright
 
     from .booktools import PAGES
-    from .test_browser import WIDTHS
+    from .test_browser import WIDTHS, Tabs
 
     class Quiet(http.server.SimpleHTTPRequestHandler):
         def log_message(self, *args):
@@ -135,15 +136,17 @@ def read_all(site_dir: Path, pages=None) -> dict[str, dict]:
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=os.environ.get("CUDA_MEMLAB_CHROMIUM", "/usr/bin/chromium"), args=["--no-sandbox"])
+            tabs = Tabs(browser)   # one kept tab per scheme and width: 4 contexts for the 32 loads
             try:
                 for page in pages or PAGES:
                     for scheme in SCHEMES:
                         for width in WIDTHS:
                             try:
-                                out[f"{page} {scheme} {width}"] = read_page(browser, origin, page, scheme, width)
+                                out[f"{page} {scheme} {width}"] = read_page(browser, origin, page, scheme, width, tabs)
                             except Exception:  # that page's tests fail with it; the others are read
                                 out[f"{page} {scheme} {width}"] = {"error": traceback.format_exc(limit=8)}
             finally:
+                tabs.close()
                 browser.close()
     finally:
         server.shutdown()
