@@ -53,8 +53,13 @@ class Tab:
     Between visits the tab is left on about:blank with its origin's storage and the cookies
     cleared; a tab that cannot be cleaned is closed, not kept."""
 
+    @staticmethod
+    def key_of(viewport: dict, touch: bool, scheme: str) -> tuple:
+        """What a kept tab must match to serve a visit."""
+        return viewport["width"], viewport["height"], touch, scheme
+
     def __init__(self, browser, viewport: dict, touch: bool, scheme: str):
-        self.key = (viewport["width"], viewport["height"], touch, scheme)
+        self.key = Tab.key_of(viewport, touch, scheme)
         self.context = browser.new_context(viewport=viewport, has_touch=touch, is_mobile=touch,
                                            device_scale_factor=1, color_scheme=scheme)
         self.visit: "Visit | None" = None   # the visit the page's events are told to
@@ -70,7 +75,7 @@ class Tab:
     def _route(self, r) -> None:
         v = self.visit
         url = r.request.url
-        if url.startswith("data:") or url == "about:blank" or (v is not None and urllib.parse.urlsplit(url).netloc == v.host):
+        if url.startswith("data:") or (v is not None and urllib.parse.urlsplit(url).netloc == v.host):
             r.continue_()
         else:
             if v is not None:
@@ -101,8 +106,7 @@ class Tabs:
         self.free: dict[tuple, Tab] = {}
 
     def take(self, viewport: dict, touch: bool, scheme: str) -> Tab:
-        key = (viewport["width"], viewport["height"], touch, scheme)
-        return self.free.pop(key, None) or Tab(self.browser, viewport, touch, scheme)
+        return self.free.pop(Tab.key_of(viewport, touch, scheme), None) or Tab(self.browser, viewport, touch, scheme)
 
     def give_back(self, tab: Tab) -> None:
         if tab.clean() and tab.key not in self.free:
