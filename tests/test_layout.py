@@ -10,6 +10,7 @@ and a module, and a doctor deeper than seven import floors."""
 from __future__ import annotations
 
 import ast
+from functools import lru_cache
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,13 @@ DOCTOR_FLOORS = 7      # import floors inside the doctor: a newcomer reads it to
 ENGINE = ("experiments.doctor.model.engine", "Engine")   # the one model of the allocator; its state is its own
 
 
+@lru_cache(maxsize=None)
+def parsed(source: str) -> ast.Module:
+    """``source``'s syntax tree, parsed once per process: the tests here walk every module's tree
+    (about 1.5 s of CPU each when each parsed them again) and none changes one."""
+    return ast.parse(source)
+
+
 def module_name(path: Path) -> str:
     rel = path.relative_to(PKG.parent).with_suffix("")
     parts = list(rel.parts)
@@ -61,7 +69,7 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
     is_pkg = path.name == "__init__.py"
     package = name if is_pkg else name.rpartition(".")[0]
     out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parsed(path.read_text())):
         if isinstance(node, ast.Import):
             out |= {a.name for a in node.names if a.name in known}
         elif isinstance(node, ast.ImportFrom):
@@ -191,7 +199,7 @@ def test_only_the_lab_of_the_doctor_imports_torch():
     for name, path in modules().items():
         if not _inside(name, "experiments.doctor") or any(_inside(name, lab) for lab in LABS):
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parsed(path.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
             bad += [f"{name}:{node.lineno} imports {n}" for n in names if n.split(".")[0] in heavy]
@@ -229,7 +237,7 @@ def test_plots_and_checks_never_import_measurements():
 
 @pytest.mark.parametrize("chapter", CHAPTER_PACKAGES)
 def test_a_face_only_reexports(chapter):
-    tree = ast.parse((PKG / chapter / "__init__.py").read_text())
+    tree = parsed((PKG / chapter / "__init__.py").read_text())
     for node in tree.body:
         # a chapter re-exports its own modules, the core's units, and a tool's API (from its modules)
         ok = (isinstance(node, ast.ImportFrom) and (node.level == 1 or node.module == "core.units"
@@ -273,7 +281,7 @@ def test_attributes_of_imported_modules_exist():
     mods = modules()
     missing = []
     for name, path in mods.items():
-        tree = ast.parse(path.read_text())
+        tree = parsed(path.read_text())
         aliases = _module_aliases(name, path, tree, set(mods))
         for node in ast.walk(tree):
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases:
@@ -311,7 +319,7 @@ def straddling_classes(sources: dict[str, tuple[Path, str]]) -> list[str]:
     known = set(sources)
     out = []
     for name, (path, text) in sorted(sources.items()):
-        tree = ast.parse(text)
+        tree = parsed(text)
         imported = _imported_names(name, path, tree, known)
         aliases = _module_aliases(name, path, tree, known)
         for node in ast.walk(tree):
@@ -356,7 +364,7 @@ def private_imports(sources: dict[str, tuple[Path, str]], prefix: str = "experim
     for name, (path, text) in sorted(sources.items()):
         if not _inside(name, prefix):
             continue
-        for local, (target, attr) in _imported_names(name, path, ast.parse(text), known).items():
+        for local, (target, attr) in _imported_names(name, path, parsed(text), known).items():
             if attr.startswith("_") and not attr.startswith("__") and target != name and _inside(target, prefix):
                 out.append(f"{name} imports {target}.{attr}")
     return sorted(out)
@@ -375,7 +383,7 @@ def test_the_private_import_finder_finds_a_planted_one():
 
 def engine_private_names(text: str, cls: str) -> set[str]:
     """The private attributes and methods of class ``cls`` in ``text`` (``self._x`` it sets, ``def _x``)."""
-    tree = ast.parse(text)
+    tree = parsed(text)
     node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
     out = set()
     for n in ast.walk(node):
@@ -397,7 +405,7 @@ def engine_state_touched(sources: dict[str, tuple[Path, str]]) -> list[str]:
     for name, (path, text) in sorted(sources.items()):
         if name == module:
             continue
-        for n in ast.walk(ast.parse(text)):
+        for n in ast.walk(parsed(text)):
             if isinstance(n, ast.Attribute) and n.attr in private and \
                     not (isinstance(n.value, ast.Name) and n.value.id in ("self", "cls")):
                 out.append(f"{name}:{n.lineno}: .{n.attr}")
